@@ -1,0 +1,95 @@
+"""The ``lamina`` command: one entry point, one subcommand per job.
+
+``plugins`` and ``check`` are here; ``serve``, ``bench`` and ``ab`` are added as their
+issues land, each as a ``_cmd_<name>`` function registered in :func:`build_parser`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from lamina_hookspecs.errors import ConfigError
+from lamina_hookspecs.layers import LAYERS
+from lamina.logging import configure_logging
+from lamina.options import describe
+from lamina.plugins import load_plugins
+from lamina.stack_config import StackConfig
+
+
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    plugins = load_plugins()
+    if args.json:
+        print(json.dumps({
+            "plugins": [info.to_json() for info in plugins.infos.values()],
+            "components": [
+                {"layer": c.layer.key, "name": c.name, "plugin": c.plugin, "summary": c.summary,
+                 "options": describe(c.options)}
+                for c in plugins.registry
+            ],
+        }, indent=2, default=str))
+        return 0
+    for info in sorted(plugins.infos.values(), key=lambda i: i.name):
+        version = f" {info.version}" if info.version else ""
+        dist = f" ({info.distribution}{version})" if info.distribution else ""
+        print(f"{info.name}{dist}" + ("  FAILED" if info.error else ""))
+        if info.error:
+            print(f"    error: {info.error}")
+        for layer in LAYERS:
+            if layer.key in info.registered:
+                print(f"    {layer.noun}: {', '.join(info.registered[layer.key])}")
+    if args.verbose:
+        print()
+        for component in plugins.registry:
+            print(f"{component.layer.key}.{component.name}  [{component.plugin}]  {component.summary}")
+            for option in describe(component.options):
+                print(f"    {option['name']}: {option['type']} = {option['default']!r}  {option['help']}")
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    plugins = load_plugins()
+    try:
+        config = StackConfig.from_toml(args.stack, plugins.registry)
+    except ConfigError as exc:
+        print(f"error: {args.stack}: {exc}", file=sys.stderr)
+        return 1
+    described = config.describe()
+    if args.json:
+        print(json.dumps(described, indent=2, default=str))
+        return 0
+    print(f"stack '{config.meta.name}' from {args.stack}: OK")
+    for key, value in described.items():
+        if key not in ("stack", "source"):
+            print(f"  {key}: {json.dumps(value, default=str)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lamina", description="Lamina: a plugin microkernel for LLM serving.")
+    parser.add_argument("--log-level", default="WARNING", help="log level (default WARNING)")
+    parser.add_argument("--log-json", action="store_true", default=None, help="JSON logs even on a TTY")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    plugins = sub.add_parser("plugins", help="list installed plugins and what each registered")
+    plugins.add_argument("--json", action="store_true", help="machine-readable output")
+    plugins.add_argument("-v", "--verbose", action="store_true", help="also list every component's options")
+    plugins.set_defaults(func=_cmd_plugins)
+
+    check = sub.add_parser("check", help="validate a stack file and print the resolved stack")
+    check.add_argument("stack", help="path to a stack file (TOML)")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.set_defaults(func=_cmd_check)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(level=args.log_level, json=args.log_json)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

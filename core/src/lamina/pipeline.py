@@ -1,0 +1,80 @@
+"""One request's way through a built stack: received → admitted → routed → tokens → finished.
+
+Transports (HTTP, gRPC, in-process tests) call :func:`run_request` and encode what it
+yields. Closing the returned iterator early (client gone) aborts the executor stream,
+which frees the request's KV slots, and reports ``finish_reason="abort"``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import structlog
+
+from lamina_hookspecs.errors import InternalError, LaminaError, NotFoundError
+from lamina_hookspecs.types import FinishReason, Request, RequestContext, TokenChunk
+from lamina.lifecycle import notify, wrap_request
+from lamina.stack import Stack
+
+log = structlog.get_logger(__name__)
+
+
+async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any],
+                      parse: Callable[[Mapping[str, Any]], Request]) -> AsyncIterator[TokenChunk]:
+    """Admit, route and execute one request, yielding its chunks; the last is final.
+
+    :param parse: turns the admitted body into a :class:`Request` (raises
+        ``InvalidRequestError`` for what validation let through but cannot be served).
+    :raises LaminaError: on rejection or failure, after ``lamina_request_failed`` fired.
+    """
+    pm = stack.pm
+    async with wrap_request(pm, ctx):
+        await notify(pm, "lamina_request_received", ctx=ctx)
+        finish: FinishReason = "abort"
+        error: LaminaError | None = None
+        try:
+            pm.hook.lamina_admit(ctx=ctx, body=body)
+            ctx.request = request = parse(body)
+            served = {executor.model.id for executor in stack.backends.values()}
+            if request.model not in served:
+                raise NotFoundError(f"model {request.model!r} is not served here; available: "
+                                    f"{', '.join(sorted(served))}", param="model", code="model_not_found")
+            await notify(pm, "lamina_request_admitted", ctx=ctx)
+            backend = pm.hook.lamina_route(ctx=ctx, request=request, backends=stack.backend_states(request, ctx))
+            ctx.backend = backend.name
+            await notify(pm, "lamina_request_routed", ctx=ctx)
+            stream = stack.backends[backend.name].generate(request)
+            try:
+                async for chunk in stream:
+                    if ctx.first_token_at is None and chunk.token_ids:
+                        ctx.first_token_at = time.monotonic()
+                        await notify(pm, "lamina_request_first_token", ctx=ctx)
+                    if chunk.finish_reason is not None:
+                        finish, ctx.usage = chunk.finish_reason, chunk.usage
+                    yield chunk
+            finally:
+                await stream.aclose()
+        except LaminaError as exc:
+            error = exc
+            raise
+        except Exception as exc:
+            log.exception("request_crashed", request_id=ctx.request_id)
+            error = InternalError(f"internal error: {type(exc).__name__}")
+            raise error from exc
+        finally:
+            ctx.finished_at = time.monotonic()
+            for breaker in stack.breakers():
+                breaker.record(ctx.endpoint, ok=error is None or error.http_status < 500, now=ctx.finished_at)
+            if error is None:
+                await notify(pm, "lamina_request_finished", ctx=ctx, finish_reason=finish)
+            else:
+                await notify(pm, "lamina_request_failed", ctx=ctx, error=error)
+            log.info("request_finished" if error is None else "request_failed", request_id=ctx.request_id,
+                     endpoint=ctx.endpoint, tenant=ctx.tenant, backend=ctx.backend, arms=ctx.arms,
+                     finish_reason=finish if error is None else None,
+                     error=error.message if error else None, status=error.http_status if error else 200,
+                     ttft_s=ctx.ttft_s, duration_s=ctx.finished_at - ctx.received_at,
+                     prompt_tokens=ctx.usage.prompt_tokens if ctx.usage else None,
+                     completion_tokens=ctx.usage.completion_tokens if ctx.usage else None)

@@ -1,0 +1,172 @@
+"""A built stack: one object per layer (or per A/B arm), ready to serve.
+
+``Stack.build`` instantiates every component from a validated :class:`StackConfig` and
+registers core's own implementations of ``lamina_admit`` and ``lamina_route`` (as
+pytest registers its default plugins), so plugins can wrap or override those phases.
+The hot path then calls the resolved objects directly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from lamina_hookspecs import hookimpl, layers
+from lamina_hookspecs.errors import ConfigError, NoBackendError, RateLimitError, ServiceUnavailableError
+from lamina_hookspecs.protocols import Breaker, Codec, Executor, RateLimiter, Validator
+from lamina_hookspecs.registration import BuildContext
+from lamina_hookspecs.types import BackendState, Request, RequestContext, StackInfo
+from lamina.ab import ArmPicker
+from lamina.lifecycle import notify
+from lamina.plugins import PluginSet
+from lamina.stack_config import ComponentSpec, Split, StackConfig
+
+CORE_PLUGIN_NAME = "lamina.core"
+
+
+@attrs.define
+class Arms:
+    """The instances of one layer: a single one under the name ``""``, or one per A/B arm."""
+
+    layer: str
+    instances: dict[str, Any]
+    picker: ArmPicker | None = None
+    sticky_by: str = "tenant"
+
+    def pick(self, ctx: RequestContext) -> tuple[str, Any]:
+        """The arm name and instance for a request; records the arm on ``ctx.arms``."""
+        if self.picker is None:
+            return "", self.instances[""]
+        request = ctx.request
+        key = {"tenant": ctx.tenant, "request": ctx.request_id,
+               "user": (request.user if request and request.user else ctx.tenant)}[self.sticky_by]
+        arm = ctx.arms.setdefault(self.layer, self.picker.pick(key))
+        return arm, self.instances[arm]
+
+
+def _instantiate(spec: ComponentSpec, context: BuildContext) -> Any:
+    component = spec.component
+    try:
+        instance = component.factory(spec.options, context)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(spec.path, f"{component.layer.noun} '{component.name}' (plugin '{component.plugin}') "
+                                     f"failed to build: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(instance, component.layer.protocol):
+        raise ConfigError(spec.path, f"{component.layer.noun} '{component.name}' (plugin '{component.plugin}') "
+                                     f"returned {type(instance).__name__}, which is not a "
+                                     f"{component.layer.protocol.__name__}")
+    return instance
+
+
+def _build_arms(layer: str, value: ComponentSpec | Split | None, stack_name: str, **deps: Any) -> Arms:
+    if value is None:
+        return Arms(layer, {})
+    if isinstance(value, ComponentSpec):
+        return Arms(layer, {"": _instantiate(value, BuildContext(stack_name=stack_name, **deps))})
+    instances = {arm.name: _instantiate(arm.spec, BuildContext(stack_name=stack_name, arm=arm.name, **deps))
+                 for arm in value.arms}
+    picker = ArmPicker.from_weights(f"lamina.{layer}", [(arm.name, arm.weight) for arm in value.arms])
+    return Arms(layer, instances, picker, value.sticky_by)
+
+
+class Stack:
+    """Everything one deployment runs, built from a stack file."""
+
+    def __init__(self, config: StackConfig, plugins: PluginSet) -> None:
+        self.config, self.plugins, self.pm = config, plugins, plugins.pm
+        name = config.meta.name
+        self.batching = _build_arms("batching", config.layers["batching"], name)
+        self.prefix_cache = _build_arms("prefix_cache", config.layers["prefix_cache"], name)
+        if len(self.batching.instances) > 1 or len(self.prefix_cache.instances) > 1:
+            raise ConfigError("ab", "splitting batching or prefix_cache needs one executor per arm (not yet supported)")
+        self.executors = _build_arms(
+            "executor", config.layers["executor"], name,
+            batching=next(iter(self.batching.instances.values()), None),
+            prefix_cache=next(iter(self.prefix_cache.instances.values()), None),
+        )
+        self.routers = _build_arms("router", config.layers["router"], name)
+        self.codecs = _build_arms("codec", config.layers["codec"], name)
+        self.autoscaler = _build_arms("autoscaler", config.layers["autoscaler"], name).instances[""]
+        self.admission: list[tuple[ComponentSpec, Any]] = [
+            (spec, _instantiate(spec, BuildContext(stack_name=name))) for spec in config.admission
+        ]
+        self.backends: dict[str, Executor] = {
+            (arm or "local"): executor for arm, executor in self.executors.instances.items()
+        }
+        self._core_hooks = _CoreHooks(self)
+
+    def breakers(self) -> list[Breaker]:
+        """The admission breakers; the pipeline reports each request's outcome to them."""
+        return [component for _, component in self.admission if isinstance(component, Breaker)]
+
+    @property
+    def info(self) -> StackInfo:
+        def describe(value: ComponentSpec | Split | None) -> str:
+            if value is None:
+                return "none"
+            if isinstance(value, ComponentSpec):
+                return value.name
+            return ",".join(f"{arm.name}={arm.spec.name}" for arm in value.arms)
+
+        return StackInfo(name=self.config.meta.name,
+                         components={key: describe(value) for key, value in self.config.layers.items()})
+
+    def codec_for(self, media_type: str) -> Codec | None:
+        """The codec (of any arm) that speaks ``media_type``."""
+        return next((c for c in self.codecs.instances.values() if c.media_type == media_type), None)
+
+    def backend_states(self, request: Request, ctx: RequestContext) -> list[BackendState]:
+        """Live state of the backends that may serve this request (its executor arm's, under a split)."""
+        if self.executors.picker is not None:
+            arm, executor = self.executors.pick(ctx)
+            return [attrs.evolve(executor.state(), name=arm)]
+        return [attrs.evolve(executor.state(), name=name) for name, executor in self.backends.items()]
+
+    async def start(self) -> None:
+        """Start every executor, then tell observers the stack is up."""
+        self.pm.register(self._core_hooks, name=CORE_PLUGIN_NAME)
+        for executor in self.backends.values():
+            await executor.start()
+        await notify(self.pm, "lamina_stack_started", stack=self.info)
+
+    async def stop(self) -> None:
+        """Tell observers, then stop every executor."""
+        await notify(self.pm, "lamina_stack_stopping", stack=self.info)
+        for executor in self.backends.values():
+            await executor.stop()
+        self.pm.unregister(self._core_hooks)
+
+
+class _CoreHooks:
+    """Core's own implementations of the phase hooks; they run last so plugins can wrap or override."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+
+    @hookimpl(trylast=True)
+    def lamina_admit(self, ctx: RequestContext, body: Mapping[str, Any]) -> None:
+        now = time.monotonic()
+        for spec, component in self.stack.admission:
+            if isinstance(component, Validator):
+                component.validate(ctx.endpoint, body)
+            elif isinstance(component, RateLimiter):
+                decision = component.acquire(ctx.tenant, now)
+                if not decision.allowed:
+                    raise RateLimitError(f"rate limit '{spec.name}' exceeded for tenant {ctx.tenant!r}",
+                                         code="rate_limit_exceeded", retry_after=decision.retry_after_s)
+            elif isinstance(component, Breaker) and not component.allow(ctx.endpoint, now):
+                raise ServiceUnavailableError(f"circuit breaker '{spec.name}' is open", code="circuit_open")
+
+    @hookimpl(trylast=True)
+    def lamina_route(self, ctx: RequestContext, request: Request, backends: Sequence[BackendState]
+                     ) -> BackendState:
+        if not backends:
+            raise NoBackendError(f"no backend serves model {request.model!r}", code="no_backend")
+        _, router = self.stack.routers.pick(ctx)
+        return router.choose(request, backends)
+

@@ -1,0 +1,215 @@
+"""Stack files: TOML (stdlib ``tomllib``) into validated attrs config objects.
+
+Every layer section names its implementation with ``use = "..."`` plus that
+implementation's options; ``[ab.<layer>]`` splits a layer between weighted arms. All
+validation happens here, against the installed plugins' registrations, so ``lamina
+check`` catches every mistake without building anything; every error names its dotted
+path and, where it can, the closest valid choice.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+from lamina_hookspecs import layers
+from lamina_hookspecs.errors import ConfigError
+from lamina_hookspecs.layers import Layer
+from lamina.options import build_options, check_keys
+from lamina.registry import Component, ComponentRegistry
+
+DEFAULTS: dict[str, str] = {
+    "router": "round-robin",
+    "codec": "openai-sse",
+    "executor": "jax",
+    "autoscaler": "static",
+}
+"""The implementation a required layer gets when the stack file has no section for it."""
+
+SPLITTABLE: tuple[Layer, ...] = (layers.ROUTER, layers.CODEC, layers.EXECUTOR, layers.PREFIX_CACHE, layers.BATCHING)
+SINGLE: tuple[Layer, ...] = (layers.AUTOSCALER,)
+STICKY_KEYS = ("tenant", "user", "request")
+SECTIONS = ("stack", "server", "admission", "ab", *(layer.key for layer in SPLITTABLE + SINGLE))
+
+
+@attrs.frozen(kw_only=True)
+class ComponentSpec:
+    """One selected implementation with its validated options."""
+
+    component: Component
+    options: Any
+    path: str
+
+    @property
+    def name(self) -> str:
+        return self.component.name
+
+
+@attrs.frozen(kw_only=True)
+class Arm:
+    """One arm of an A/B split."""
+
+    name: str
+    weight: float
+    spec: ComponentSpec
+
+
+@attrs.frozen(kw_only=True)
+class Split:
+    """A layer split between arms; requests are assigned by hashing ``sticky_by``."""
+
+    arms: tuple[Arm, ...]
+    sticky_by: Literal["tenant", "user", "request"]
+
+
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    """Where ``lamina serve`` listens; the command line overrides these."""
+
+    host: str = attrs.field(default="127.0.0.1", metadata={"help": "address to bind"})
+    port: int = attrs.field(
+        default=8000,
+        validator=[attrs.validators.ge(0), attrs.validators.le(65535)],
+        metadata={"help": "HTTP port (0 picks a free one)"},
+    )
+
+
+@attrs.frozen(kw_only=True)
+class StackMeta:
+    """The ``[stack]`` table."""
+
+    name: str = "default"
+    description: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class StackConfig:
+    """A validated stack file.
+
+    ``layers`` maps each layer key to a :class:`ComponentSpec`, a :class:`Split`, or
+    ``None`` for an optional layer the stack leaves out (prefix cache, batching).
+    """
+
+    meta: StackMeta
+    server: ServerConfig
+    layers: dict[str, ComponentSpec | Split | None]
+    admission: tuple[ComponentSpec, ...]
+    source: Path | None = None
+
+    @classmethod
+    def from_toml(cls, path: str | Path, registry: ComponentRegistry) -> StackConfig:
+        """Read and validate a stack file."""
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError("", f"cannot read stack file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("", f"{path} is not valid TOML: {exc}") from None
+        return cls.from_dict(data, registry, source=path)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], registry: ComponentRegistry, *, source: Path | None = None
+                  ) -> StackConfig:
+        """Validate an already-parsed stack table."""
+        check_keys(data, SECTIONS, "", what="section")
+        ab = _table(data.get("ab", {}), "ab")
+        check_keys(ab, (layer.key for layer in SPLITTABLE), "ab", what="splittable layer")
+        resolved: dict[str, ComponentSpec | Split | None] = {}
+        for layer in SPLITTABLE + SINGLE:
+            if layer.key in ab:
+                if layer.key in data:
+                    raise ConfigError(
+                        f"ab.{layer.key}",
+                        f"[{layer.key}] and [ab.{layer.key}] are both given; put every implementation in an arm",
+                    )
+                resolved[layer.key] = _split(layer, _table(ab[layer.key], f"ab.{layer.key}"), registry)
+            elif layer.key in data:
+                resolved[layer.key] = _spec((layer,), _table(data[layer.key], layer.key), layer.key, registry)
+            elif layer.key in DEFAULTS:
+                resolved[layer.key] = _spec((layer,), {"use": DEFAULTS[layer.key]}, layer.key, registry)
+            else:
+                resolved[layer.key] = None
+        admission = data.get("admission", [])
+        if not isinstance(admission, list):
+            raise ConfigError("admission", "must be an array of tables ([[admission]])")
+        return cls(
+            meta=build_options(StackMeta, _table(data.get("stack", {}), "stack"), "stack"),
+            server=build_options(ServerConfig, _table(data.get("server", {}), "server"), "server"),
+            layers=resolved,
+            admission=tuple(
+                _spec(layers.ADMISSION, _table(item, f"admission[{i}]"), f"admission[{i}]", registry)
+                for i, item in enumerate(admission)
+            ),
+            source=source,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """A plain-data view of the resolved stack, for ``lamina check``."""
+        def spec(s: ComponentSpec) -> dict[str, Any]:
+            options = attrs.asdict(s.options) if s.options is not None else {}
+            return {"use": s.name, "plugin": s.component.plugin, "options": options}
+
+        def entry(value: ComponentSpec | Split | None) -> Any:
+            if value is None or isinstance(value, ComponentSpec):
+                return value and spec(value)
+            return {
+                "sticky_by": value.sticky_by,
+                "arms": [{"name": a.name, "weight": a.weight, **spec(a.spec)} for a in value.arms],
+            }
+
+        return {
+            "stack": attrs.asdict(self.meta),
+            "server": attrs.asdict(self.server),
+            **{key: entry(value) for key, value in self.layers.items()},
+            "admission": [spec(s) for s in self.admission],
+            "source": str(self.source) if self.source else None,
+        }
+
+
+def _table(value: Any, path: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(path, f"must be a table; got {type(value).__name__}")
+    return value
+
+
+def _spec(kinds: tuple[Layer, ...], table: Mapping[str, Any], path: str, registry: ComponentRegistry
+          ) -> ComponentSpec:
+    if "use" not in table:
+        raise ConfigError(f"{path}.use", "missing: name the implementation, e.g. use = \"...\"")
+    use = table["use"]
+    if not isinstance(use, str):
+        raise ConfigError(f"{path}.use", f"must be a string; got {use!r}")
+    component = registry.get(kinds, use, f"{path}.use")
+    options = {k: v for k, v in table.items() if k != "use"}
+    return ComponentSpec(component=component, options=build_options(component.options, options, path), path=path)
+
+
+def _split(layer: Layer, table: Mapping[str, Any], registry: ComponentRegistry) -> Split:
+    path = f"ab.{layer.key}"
+    check_keys(table, ("arms", "sticky_by"), path, what="key")
+    sticky_by = table.get("sticky_by", "tenant")
+    if sticky_by not in STICKY_KEYS:
+        raise ConfigError(f"{path}.sticky_by", f"must be one of {', '.join(STICKY_KEYS)}; got {sticky_by!r}")
+    raw_arms = table.get("arms")
+    if not isinstance(raw_arms, list) or len(raw_arms) < 2:
+        raise ConfigError(f"{path}.arms", "must list at least two arms: { name = ..., use = ..., weight = ... }")
+    arms, seen = [], set()
+    for i, raw in enumerate(raw_arms):
+        arm_path = f"{path}.arms[{i}]"
+        raw = _table(raw, arm_path)
+        name, weight = raw.get("name"), raw.get("weight", 1)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{arm_path}.name", "missing: every arm needs a name")
+        if name in seen:
+            raise ConfigError(f"{arm_path}.name", f"arm name {name!r} is used twice")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
+            raise ConfigError(f"{arm_path}.weight", f"must be a positive number; got {weight!r}")
+        seen.add(name)
+        rest = {k: v for k, v in raw.items() if k not in ("name", "weight")}
+        arms.append(Arm(name=name, weight=float(weight), spec=_spec((layer,), rest, arm_path, registry)))
+    return Split(arms=tuple(arms), sticky_by=sticky_by)

@@ -1,0 +1,15 @@
+"""Lamina's conformance kit for plugin authors.
+
+``lamina.testing.contracts`` holds one contract class per layer; subclass it in your
+plugin's tests and either set ``registered_name`` (the kit builds your component from
+the installed plugins with default options) or override the component fixture::
+
+    from lamina.testing.contracts import RouterContract
+
+    class TestMyRouter(RouterContract):
+        registered_name = "my-router"
+
+``lamina.testing.fixtures`` is loaded by pytest automatically (entry point ``pytest11``)
+and provides fixtures for hook recording and log capture. Both modules import only
+what they need when they are used.
+"""

@@ -1,0 +1,304 @@
+"""Contract test classes, one per layer, for any implementation.
+
+Subclass one in a test module. Set ``registered_name`` to build the component from the
+installed plugins (through its entry point, with default options or ``options``), or
+override the ``component`` fixture to construct it yourself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
+
+import pytest
+
+from lamina_hookspecs import layers
+from lamina_hookspecs.errors import CodecError, LaminaError, NoBackendError
+from lamina_hookspecs.layers import Layer
+from lamina_hookspecs.registration import BuildContext
+from lamina_hookspecs.types import (
+    BackendState, PrefixMatch, Request, SamplingParams, ScaleDecision, StreamError, StreamMeta, TokenChunk,
+    TopLogprob, Usage,
+)
+
+
+class ComponentContract:
+    """Shared part: finding, building and shape-checking the component."""
+
+    layer: ClassVar[Layer]
+    registered_name: ClassVar[str | None] = None
+    options: ClassVar[dict[str, Any]] = {}
+
+    @pytest.fixture
+    def component(self) -> Any:
+        if self.registered_name is None:
+            pytest.fail(f"{type(self).__name__}: set registered_name or override the 'component' fixture")
+        from lamina.options import build_options
+        from lamina.plugins import load_plugins
+
+        registry = load_plugins().registry
+        found = registry.get((self.layer,), self.registered_name, self.layer.key)
+        options = build_options(found.options, self.options, self.layer.key)
+        return found.factory(options, BuildContext(stack_name="conformance"))
+
+    def test_is_registered_by_an_installed_plugin(self) -> None:
+        if self.registered_name is None:
+            pytest.skip("component built by the test itself")
+        from lamina.plugins import load_plugins
+
+        plugins = load_plugins()
+        owners = [i.name for i in plugins.infos.values() if self.registered_name in i.registered.get(self.layer.key, [])]
+        assert owners, f"no installed plugin registers {self.layer.noun} {self.registered_name!r}"
+        assert not plugins.infos[owners[0]].error
+
+    def test_satisfies_the_layer_protocol(self, component: Any) -> None:
+        assert isinstance(component, self.layer.protocol), (
+            f"{type(component).__name__} lacks methods of {self.layer.protocol.__name__}"
+        )
+
+
+def _backends(rng: random.Random, n: int) -> list[BackendState]:
+    return [
+        BackendState(
+            name=f"b{i}", model="m", healthy=rng.random() > 0.2, draining=rng.random() < 0.2,
+            outstanding_requests=rng.randrange(20), outstanding_tokens=rng.randrange(5000),
+            queue_depth=rng.randrange(10), kv_blocks_used=rng.randrange(100), kv_blocks_total=100,
+        )
+        for i in range(n)
+    ]
+
+
+class RouterContract(ComponentContract):
+    """A router returns one of the offered backends, never an unavailable one while an
+    available one exists, and raises ``NoBackendError`` when none is available."""
+
+    layer = layers.ROUTER
+
+    def test_returns_an_offered_available_backend(self, component: Any) -> None:
+        rng = random.Random(1234)
+        for i in range(300):
+            backends = _backends(rng, rng.randrange(1, 9))
+            if not any(b.available for b in backends):
+                continue
+            request = Request(id=f"r{i}", model="m", prompt=f"prompt {i % 7}", tenant=f"t{i % 3}")
+            chosen = component.choose(request, backends)
+            assert any(chosen is b for b in backends), "router must return one of the offered objects"
+            assert chosen.available, f"router chose unavailable backend {chosen.name}"
+
+    @pytest.mark.parametrize("backends", [
+        [],
+        [BackendState(name="a", model="m", healthy=False), BackendState(name="b", model="m", draining=True)],
+    ], ids=["empty", "all-unavailable"])
+    def test_raises_no_backend_when_none_is_available(self, component: Any, backends: list[BackendState]) -> None:
+        with pytest.raises(NoBackendError):
+            component.choose(Request(id="r", model="m", prompt="x"), backends)
+
+    def test_spreads_identical_requests_over_equal_backends_or_sticks(self, component: Any) -> None:
+        backends = [BackendState(name=f"b{i}", model="m") for i in range(4)]
+        picks = {component.choose(Request(id=f"r{i}", model="m", prompt="same"), backends).name for i in range(40)}
+        assert picks <= {b.name for b in backends}
+
+
+def _sample_stream() -> list[Any]:
+    meta = StreamMeta(request_id="req-1", model="test-model", created=1_700_000_000, kind="chat")
+    top = (TopLogprob(token_id=5, text=" a", logprob=-0.1), TopLogprob(token_id=6, text=" b", logprob=-2.5))
+    return [
+        meta,
+        TokenChunk(request_id="req-1", index=0, token_ids=(17,), text="Hello"),
+        TokenChunk(request_id="req-1", index=1, token_ids=(18, 19), text=", wörld 🌍 漢字"),
+        TokenChunk(request_id="req-1", index=3, token_ids=(5,), text=" a", logprobs=(-0.1,), top_logprobs=(top,)),
+        TokenChunk(request_id="req-1", index=4, token_ids=(), text="", finish_reason="stop",
+                   usage=Usage(prompt_tokens=12, completion_tokens=4)),
+    ]
+
+
+def _encode(component: Any, items: list[Any]) -> bytes:
+    encoder = component.encoder()
+    out = bytearray(encoder.header(items[0]))
+    for item in items[1:]:
+        out += encoder.error(item) if isinstance(item, StreamError) else encoder.chunk(item)
+    return bytes(out)
+
+
+def _decode(component: Any, data: bytes, split: int | None = None) -> list[Any]:
+    decoder = component.decoder()
+    items: list[Any] = []
+    step = split or len(data) or 1
+    for start in range(0, len(data), step):
+        items += decoder.feed(data[start:start + step])
+    decoder.close()
+    return items
+
+
+def _same_chunk(decoded: TokenChunk, original: TokenChunk) -> None:
+    assert decoded.text == original.text
+    assert decoded.token_ids in ((), original.token_ids), "token ids, when carried, must round-trip"
+    assert decoded.finish_reason == original.finish_reason
+    assert decoded.usage == original.usage
+    if original.logprobs is not None:
+        assert decoded.logprobs is not None
+        assert all(math.isclose(a, b, abs_tol=1e-3) for a, b in zip(decoded.logprobs, original.logprobs, strict=True))
+
+
+class CodecContract(ComponentContract):
+    """A codec round-trips every chunk kind, decodes input split anywhere to the same
+    items, and rejects truncated input with ``CodecError``."""
+
+    layer = layers.CODEC
+
+    def test_has_a_media_type(self, component: Any) -> None:
+        assert isinstance(component.media_type, str) and "/" in component.media_type
+
+    def _tokens(self, items: list[Any]) -> list[TokenChunk]:
+        return [item for item in items if isinstance(item, TokenChunk) and (item.text or item.is_final)]
+
+    def test_round_trips_every_chunk_kind(self, component: Any) -> None:
+        items = _sample_stream()
+        decoded = self._tokens(_decode(component, _encode(component, items)))
+        originals = items[1:]
+        assert len(decoded) == len(originals)
+        for got, want in zip(decoded, originals, strict=True):
+            _same_chunk(got, want)
+
+    @pytest.mark.parametrize("split", [1, 2, 3, 7, 64])
+    def test_decodes_input_split_anywhere(self, component: Any, split: int) -> None:
+        data = _encode(component, _sample_stream())
+        assert self._tokens(_decode(component, data, split)) == self._tokens(_decode(component, data))
+
+    def test_carries_errors(self, component: Any) -> None:
+        items = [*_sample_stream()[:2], StreamError(message="backend died", type="server_error", code="oops")]
+        decoded = _decode(component, _encode(component, items))
+        errors = [item for item in decoded if isinstance(item, StreamError)]
+        assert errors and errors[0].message == "backend died"
+
+    def test_rejects_truncated_input(self, component: Any) -> None:
+        data = _encode(component, _sample_stream())
+        cut = data[: len(data) - 3]
+        with pytest.raises(CodecError):
+            _decode(component, cut)
+
+    def test_rejects_garbage(self, component: Any) -> None:
+        rng = random.Random(7)
+        with pytest.raises(CodecError):
+            _decode(component, bytes(rng.randrange(256) for _ in range(512)))
+
+
+def _drain(stream: AsyncIterator[TokenChunk], limit: int | None = None) -> list[TokenChunk]:
+    async def run() -> list[TokenChunk]:
+        chunks = []
+        try:
+            async for chunk in stream:
+                chunks.append(chunk)
+                if limit is not None and len(chunks) >= limit:
+                    break
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+        return chunks
+
+    return asyncio.run(run())
+
+
+class ExecutorContract(ComponentContract):
+    """An executor streams indexed chunks ending in one final chunk with exact usage,
+    honours ``max_tokens``, and frees everything when a stream is closed early."""
+
+    layer = layers.EXECUTOR
+    prompt: ClassVar[str] = "The capital of France is"
+
+    @pytest.fixture
+    def executor(self, component: Any) -> Any:
+        asyncio.run(component.start())
+        yield component
+        asyncio.run(component.stop())
+
+    def _request(self, executor: Any, max_tokens: int, **kw: Any) -> Request:
+        return Request(id="r1", model=executor.model.id, prompt=self.prompt,
+                       sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw))
+
+    def test_streams_indexed_chunks_and_exact_usage(self, executor: Any) -> None:
+        chunks = _drain(executor.generate(self._request(executor, 5)))
+        assert chunks and chunks[-1].is_final and not any(c.is_final for c in chunks[:-1])
+        index = 0
+        for chunk in chunks:
+            assert chunk.index == index
+            index += len(chunk.token_ids)
+        usage = chunks[-1].usage
+        assert usage is not None and usage.completion_tokens == index == 5
+        assert usage.prompt_tokens > 0
+        assert chunks[-1].finish_reason == "length"
+
+    def test_close_early_frees_the_request(self, executor: Any) -> None:
+        _drain(executor.generate(self._request(executor, 50)), limit=1)
+        state = executor.state()
+        assert isinstance(state, BackendState)
+        assert state.outstanding_requests == 0 and state.queue_depth == 0
+
+    def test_rejects_what_it_cannot_serve_with_a_lamina_error(self, executor: Any) -> None:
+        huge = Request(id="r2", model=executor.model.id, prompt_token_ids=[1] * (executor.model.context_length + 1),
+                       sampling=SamplingParams(max_tokens=1))
+        with pytest.raises(LaminaError):
+            _drain(executor.generate(huge))
+
+
+class RateLimiterContract(ComponentContract):
+    """A rate limiter admits a fresh key, refuses a hammered key with a positive
+    ``retry_after_s``, admits it again after that, and keeps keys independent."""
+
+    layer = layers.RATE_LIMITER
+
+    def test_admits_refuses_and_recovers(self, component: Any) -> None:
+        now = 1000.0
+        assert component.acquire("a", now).allowed
+        for _ in range(100_000):
+            decision = component.acquire("a", now)
+            if not decision.allowed:
+                break
+        else:
+            pytest.fail("never refused 100,000 requests at one instant")
+        assert decision.retry_after_s > 0
+        assert component.acquire("b", now).allowed, "keys must be independent"
+        assert component.acquire("a", now + decision.retry_after_s + 1e-6).allowed
+
+
+class AutoscalerContract(ComponentContract):
+    """An autoscaler answers a ``ScaleDecision`` for idle, busy and empty fleets."""
+
+    layer = layers.AUTOSCALER
+
+    @pytest.mark.parametrize("busy", [0, 1, 50])
+    def test_decides(self, component: Any, busy: int) -> None:
+        backends = [BackendState(name=f"b{i}", model="m", queue_depth=busy, outstanding_requests=busy)
+                    for i in range(2)]
+        for now in (0.0, 10.0, 20.0):
+            decision = component.decide(backends, now)
+            assert isinstance(decision, ScaleDecision) and decision.replicas >= 0
+        assert isinstance(component.decide([], 30.0), ScaleDecision)
+
+
+class PrefixCacheContract(ComponentContract):
+    """A prefix cache finds whole-block prefixes it was given, only under the same salt,
+    and never evicts a pinned block."""
+
+    layer = layers.PREFIX_CACHE
+
+    def test_matches_inserted_prefix_per_salt(self, component: Any) -> None:
+        size = component.block_size
+        tokens = list(range(3 * size))
+        component.insert(tokens, [10, 11, 12], salt=b"t1")
+        match = component.match(tokens + [999], salt=b"t1")
+        assert match.num_tokens == 3 * size and tuple(match.block_ids) == (10, 11, 12)
+        assert component.match(tokens, salt=b"t2").num_tokens == 0
+        component.release(match)
+
+    def test_never_evicts_pinned_blocks(self, component: Any) -> None:
+        size = component.block_size
+        component.insert(list(range(size)), [1], salt=b"s")
+        match = component.match(list(range(size)), salt=b"s")
+        assert 1 not in component.evict(10)
+        component.release(match)
+        assert 1 in component.evict(10)
+        assert component.match(list(range(size)), salt=b"s") == PrefixMatch(num_tokens=0)
+

@@ -1,0 +1,50 @@
+"""The ``lamina`` command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from lamina.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "stacks"
+
+
+def test_plugins_lists_each_plugin_with_version_and_components(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "hello (lamina-hello 0.1.0)" in out and "router: shortest-queue" in out
+    assert "executor: echo" in out
+
+
+def test_plugins_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plugins", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    hello = next(p for p in data["plugins"] if p["name"] == "hello")
+    assert hello["registered"] == {"router": ["shortest-queue"]} and hello["error"] is None
+    echo = next(c for c in data["components"] if c["name"] == "echo")
+    assert {"name": "token_delay_s", "type": "float", "default": 0.0, "required": False,
+            "help": "pause before each token, seconds"} in echo["options"]
+
+
+def test_plugins_verbose_lists_options(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plugins", "-v"]) == 0
+    assert "count_running: bool = True  count running requests too" in capsys.readouterr().out
+
+
+
+@pytest.mark.parametrize("stack", sorted(EXAMPLES.glob("*.toml")), ids=lambda p: p.name)
+def test_check_accepts_the_example_stacks(stack: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["check", str(stack), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert json.loads(captured.out)["source"] == str(stack)
+
+
+def test_check_rejects_a_typo_naming_the_key_and_choices(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stack = tmp_path / "typo.toml"
+    stack.write_text('[router]\nuse = "round-robn"\n[executor]\nuse = "echo"\n')
+    assert main(["check", str(stack)]) == 1
+    err = capsys.readouterr().err
+    assert "router.use: no router named 'round-robn'; did you mean 'round-robin'? installed: round-robin" in err

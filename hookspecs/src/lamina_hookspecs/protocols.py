@@ -1,0 +1,187 @@
+"""One ``typing.Protocol`` per layer: what a component must provide.
+
+Core resolves each layer to one object (or one per A/B arm) when the stack is built and
+calls it directly through these methods; no pluggy dispatch happens per token. All
+protocols are ``runtime_checkable`` so the conformance kit can check shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from lamina_hookspecs.types import (
+    BackendState,
+    ModelInfo,
+    PrefixMatch,
+    RateDecision,
+    Request,
+    ScaleDecision,
+    SchedulerState,
+    StreamError,
+    StreamMeta,
+    TokenChunk,
+)
+
+StreamItem = StreamMeta | TokenChunk | StreamError
+
+
+@runtime_checkable
+class Router(Protocol):
+    """Layer 1: picks the backend that serves a request."""
+
+    def choose(self, request: Request, backends: Sequence[BackendState]) -> BackendState:
+        """Return one of ``backends``; never one that is not ``available`` while an
+        available one exists. Raise :class:`~lamina_hookspecs.errors.NoBackendError`
+        when none is available. Called once per request on the event loop; must not block.
+        """
+        ...
+
+
+@runtime_checkable
+class StreamEncoder(Protocol):
+    """Encodes one response stream; one instance per stream."""
+
+    def header(self, meta: StreamMeta) -> bytes:
+        """Bytes that open the stream (may be empty)."""
+        ...
+
+    def chunk(self, chunk: TokenChunk) -> bytes:
+        """Bytes for one chunk; the final chunk (``finish_reason`` set) also closes the stream."""
+        ...
+
+    def error(self, error: StreamError) -> bytes:
+        """Bytes that report an error and close the stream."""
+        ...
+
+
+@runtime_checkable
+class StreamDecoder(Protocol):
+    """Incrementally decodes one stream; accepts bytes split anywhere."""
+
+    def feed(self, data: bytes) -> list[StreamItem]:
+        """Consume ``data`` and return every item it completed, in order. Raise
+        :class:`~lamina_hookspecs.errors.CodecError` on malformed or oversized input."""
+        ...
+
+    def close(self) -> None:
+        """Declare the end of input; raise ``CodecError`` if the stream was cut short."""
+        ...
+
+
+@runtime_checkable
+class Codec(Protocol):
+    """Layer 2: how tokens travel on the wire."""
+
+    media_type: str
+
+    def encoder(self) -> StreamEncoder:
+        """A fresh encoder for one response stream."""
+        ...
+
+    def decoder(self) -> StreamDecoder:
+        """A fresh decoder for one response stream (clients and tests use it)."""
+        ...
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Layer 3: computes tokens for requests, batching them as it likes."""
+
+    model: ModelInfo
+
+    async def start(self) -> None:
+        """Load the model and start the engine; return when it can serve."""
+        ...
+
+    async def stop(self) -> None:
+        """Abort running requests, free their KV slots and stop the engine."""
+        ...
+
+    def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
+        """Stream the request's output. The last chunk has ``finish_reason`` and ``usage``.
+        Closing the iterator early (``aclose()``, client gone) aborts the request and
+        frees its resources. Raise a :class:`~lamina_hookspecs.errors.LaminaError` for
+        a request it cannot serve (``ContextLengthError``, ``InvalidRequestError``)."""
+        ...
+
+    def state(self) -> BackendState:
+        """A cheap snapshot of load and KV usage, for routers, autoscalers and metrics."""
+        ...
+
+
+@runtime_checkable
+class PrefixCache(Protocol):
+    """Layer 4: maps prompt prefixes to stored KV blocks, isolated per ``salt`` (tenant)."""
+
+    block_size: int
+
+    def match(self, token_ids: Sequence[int], *, salt: bytes) -> PrefixMatch:
+        """The longest cached whole-block prefix of ``token_ids``; its blocks are pinned."""
+        ...
+
+    def insert(self, token_ids: Sequence[int], block_ids: Sequence[int], *, salt: bytes) -> None:
+        """Record that ``block_ids`` hold the KV of ``token_ids`` (whole blocks only)."""
+        ...
+
+    def release(self, match: PrefixMatch) -> None:
+        """Unpin the blocks of a match once the request no longer reads them."""
+        ...
+
+    def evict(self, num_blocks: int) -> list[int]:
+        """Free up to ``num_blocks`` unpinned blocks (least recently used first); return their ids."""
+        ...
+
+    def stats(self) -> Mapping[str, float]:
+        """Counters for metrics: hit tokens, lookups, cached and evicted blocks."""
+        ...
+
+
+@runtime_checkable
+class Autoscaler(Protocol):
+    """Layer 5: decides how many replicas run and how many to warm."""
+
+    def decide(self, backends: Sequence[BackendState], now: float) -> ScaleDecision:
+        """Called periodically by the replica supervisor with the live backend states."""
+        ...
+
+
+@runtime_checkable
+class RateLimiter(Protocol):
+    """Admission: limits request rate per key (tenant, user, ...)."""
+
+    def acquire(self, key: str, now: float, cost: float = 1.0) -> RateDecision:
+        """Take ``cost`` units for ``key`` at time ``now`` (seconds, monotonic) if allowed."""
+        ...
+
+
+@runtime_checkable
+class Validator(Protocol):
+    """Admission: checks a request body before anything is started."""
+
+    def validate(self, endpoint: str, body: Mapping[str, Any]) -> None:
+        """Raise :class:`~lamina_hookspecs.errors.InvalidRequestError` naming the field
+        (``param``) and the rule it broke; return ``None`` when the body is acceptable."""
+        ...
+
+
+@runtime_checkable
+class Breaker(Protocol):
+    """Admission: stops sending work to a failing target until it recovers."""
+
+    def allow(self, key: str, now: float) -> bool:
+        """Whether a request for ``key`` may proceed now (half-open probes count here)."""
+        ...
+
+    def record(self, key: str, ok: bool, now: float) -> None:
+        """Report the outcome of a request that ``allow`` let through."""
+        ...
+
+
+@runtime_checkable
+class BatchingPolicy(Protocol):
+    """Consulted by an executor's scheduler: how long to wait for more requests."""
+
+    def wait_s(self, state: SchedulerState) -> float:
+        """Seconds to wait before running the next batch (0 runs it now)."""
+        ...

@@ -1,0 +1,262 @@
+"""Value types that cross layer boundaries.
+
+All are ``attrs`` frozen, slotted, keyword-only classes: change them with
+``attrs.evolve``. :class:`RequestContext` is the one mutable object: core creates it
+when a request arrives and fills it in as the request moves through the stack.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+import attrs
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+def _tuple_of_ints(value: object) -> tuple[int, ...]:
+    return tuple(int(v) for v in value)  # type: ignore[attr-defined]
+
+
+@attrs.frozen(kw_only=True)
+class SamplingParams:
+    """How to pick tokens. ``temperature == 0`` means greedy; ``top_k == 0`` means off."""
+
+    max_tokens: int = attrs.field(default=16, validator=attrs.validators.ge(1))
+    temperature: float = attrs.field(default=1.0, validator=attrs.validators.ge(0.0))
+    top_p: float = attrs.field(
+        default=1.0, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)]
+    )
+    top_k: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    seed: int | None = None
+    stop: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    logprobs: bool = False
+    top_logprobs: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    ignore_eos: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class ChatMessage:
+    """One chat turn; the executor renders a list of them with the model's chat template."""
+
+    role: Role
+    content: str
+
+
+@attrs.frozen(kw_only=True)
+class Request:
+    """A generation request, as admitted.
+
+    Exactly one of ``prompt`` (text), ``prompt_token_ids`` or ``messages`` (chat) is set.
+    ``tenant`` is the isolation key (from the API key), ``user`` the client's own label.
+    """
+
+    id: str
+    model: str
+    sampling: SamplingParams = attrs.field(factory=SamplingParams)
+    prompt: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(_tuple_of_ints)
+    )
+    messages: tuple[ChatMessage, ...] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(tuple)
+    )
+    tenant: str = "default"
+    user: str | None = None
+    stream: bool = True
+    arrival_time: float = attrs.field(factory=time.monotonic)
+
+    def __attrs_post_init__(self) -> None:
+        given = [f for f in ("prompt", "prompt_token_ids", "messages") if getattr(self, f) is not None]
+        if len(given) != 1:
+            raise ValueError(f"exactly one of prompt, prompt_token_ids, messages must be set; got {given}")
+
+
+@attrs.frozen(kw_only=True)
+class Usage:
+    """Token counts of one request; ``cached_tokens`` is the part of the prompt served from cache."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@attrs.frozen(kw_only=True)
+class TopLogprob:
+    """One alternative token at a position, with its log-probability."""
+
+    token_id: int
+    text: str
+    logprob: float
+
+
+@attrs.frozen(kw_only=True)
+class TokenChunk:
+    """One or more tokens that became ready together, with the text they complete.
+
+    ``index`` is the position of the first token in the output. The last chunk of a
+    stream has ``finish_reason`` and ``usage`` set (and may carry no tokens).
+    ``logprobs`` (one per token) and ``top_logprobs`` (one tuple per token) are present
+    only when the request asked for them.
+    """
+
+    request_id: str
+    index: int
+    token_ids: tuple[int, ...] = attrs.field(default=(), converter=_tuple_of_ints)
+    text: str = ""
+    logprobs: tuple[float, ...] | None = None
+    top_logprobs: tuple[tuple[TopLogprob, ...], ...] | None = None
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+
+    @property
+    def is_final(self) -> bool:
+        return self.finish_reason is not None
+
+
+@attrs.frozen(kw_only=True)
+class StreamMeta:
+    """What a stream says once, before its tokens: sent in a codec's header."""
+
+    request_id: str
+    model: str
+    created: int
+    kind: Literal["completion", "chat"] = "completion"
+
+
+@attrs.frozen(kw_only=True)
+class StreamError:
+    """An error carried inside a stream after it started (the HTTP status is already sent)."""
+
+    message: str
+    type: str = "server_error"
+    code: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Completion:
+    """A whole, non-streamed result: the chunks of one request joined."""
+
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    usage: Usage
+
+
+@attrs.frozen(kw_only=True)
+class ModelInfo:
+    """What an executor serves: listed by ``GET /v1/models``."""
+
+    id: str
+    context_length: int
+    owned_by: str = "lamina"
+
+
+@attrs.frozen(kw_only=True)
+class BackendState:
+    """A live snapshot of one backend (replica), as routers and autoscalers see it."""
+
+    name: str
+    model: str
+    healthy: bool = True
+    draining: bool = False
+    outstanding_requests: int = 0
+    outstanding_tokens: int = 0
+    queue_depth: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    recent_latency_s: float | None = None
+
+    @property
+    def available(self) -> bool:
+        """Healthy and not draining: a router may send new work here."""
+        return self.healthy and not self.draining
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of KV blocks in use, 0..1 (0 when unknown)."""
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+@attrs.frozen(kw_only=True)
+class ScaleDecision:
+    """An autoscaler's answer: how many replicas to run, how many to pre-warm, and why."""
+
+    replicas: int = attrs.field(validator=attrs.validators.ge(0))
+    warm: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    reason: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class RateDecision:
+    """A rate limiter's answer for one request."""
+
+    allowed: bool
+    retry_after_s: float = 0.0
+    remaining: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class PrefixMatch:
+    """The longest cached prefix of a prompt: ``num_tokens`` tokens held in ``block_ids``.
+
+    The blocks are pinned (reference-counted) until the match is released.
+    """
+
+    num_tokens: int
+    block_ids: tuple[int, ...] = attrs.field(default=(), converter=_tuple_of_ints)
+
+
+@attrs.frozen(kw_only=True)
+class SchedulerState:
+    """What a batching policy sees when the executor's scheduler asks how long to wait."""
+
+    waiting: int
+    running: int
+    max_batch: int
+    oldest_wait_s: float = 0.0
+
+
+@attrs.define(kw_only=True)
+class RequestContext:
+    """The mutable record of one request as it moves through the stack.
+
+    Core creates it on arrival (``request`` may still be ``None`` before the body is
+    parsed) and fills in the rest; observers read it. ``arms`` maps an A/B split layer
+    to the arm this request was assigned; ``attributes`` holds plugin-defined data
+    (request features, trace ids), keyed by plugin name.
+    """
+
+    request_id: str
+    endpoint: str
+    tenant: str = "default"
+    request: Request | None = None
+    arms: dict[str, str] = attrs.field(factory=dict)
+    backend: str | None = None
+    received_at: float = attrs.field(factory=time.monotonic)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    usage: Usage | None = None
+    attributes: dict[str, object] = attrs.field(factory=dict)
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token, seconds."""
+        return None if self.first_token_at is None else self.first_token_at - self.received_at
+
+
+
+@attrs.frozen(kw_only=True)
+class StackInfo:
+    """A built stack as observers see it: its name and, per layer, the implementation
+    in use (``"round-robin"``) or, for an A/B split, ``"control=round-robin,treatment=p2c"``."""
+
+    name: str
+    components: dict[str, str] = attrs.field(factory=dict)
