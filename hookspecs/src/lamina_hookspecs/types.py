@@ -22,7 +22,13 @@ def _tuple_of_ints(value: object) -> tuple[int, ...]:
 
 @attrs.frozen(kw_only=True)
 class SamplingParams:
-    """How to pick tokens. ``temperature == 0`` means greedy; ``top_k == 0`` means off."""
+    """How to pick tokens. ``temperature == 0`` means greedy; ``top_k == 0`` means off.
+
+    Generation stops at ``max_tokens``, at the model's end-of-sequence token (unless
+    ``ignore_eos``), at any of ``stop_token_ids``, or where the text contains one of ``stop``
+    (the stop string itself is not returned). ``top_logprobs`` alternatives are returned
+    per token when ``logprobs`` is set.
+    """
 
     max_tokens: int = attrs.field(default=16, validator=attrs.validators.ge(1))
     temperature: float = attrs.field(default=1.0, validator=attrs.validators.ge(0.0))
@@ -32,6 +38,7 @@ class SamplingParams:
     top_k: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     seed: int | None = None
     stop: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_tuple_of_ints)
     logprobs: bool = False
     top_logprobs: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     ignore_eos: bool = False

@@ -1,0 +1,191 @@
+"""The engine: one thread that owns the model and steps it, fed and drained through queues.
+
+Design (after JetStream's orchestrator and vLLM's engine core): the asyncio event loop
+never touches JAX. ``submit`` and ``abort`` put commands on a thread-safe inbox; the engine
+thread drains it between steps, so new requests join the running batch at step boundaries.
+Each ``step()`` is schedule → run → update:
+
+- schedule: the :class:`~lamina_jax.scheduler.Scheduler` picks one prefill chunk and the
+  decode batch, taking KV blocks as sequences grow;
+- run: the :class:`~lamina_jax.model_runner.ModelRunner` executes the jitted prefill and
+  decode calls and samples on the device (XLA releases the GIL meanwhile);
+- update: each new token is detokenized incrementally, checked against stop conditions,
+  and handed to its request's ``emit`` callback, which forwards it to the event loop with
+  ``call_soon_threadsafe``. Finished and aborted sequences free their blocks at once.
+
+When there is nothing to do, the thread blocks on the inbox. Contextvars do not cross into
+this thread, so every log line names the request id explicitly.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import structlog
+
+from lamina_hookspecs.errors import InternalError
+from lamina_hookspecs.types import FinishReason, TokenChunk, TopLogprob, Usage
+from lamina_jax.model_runner import ModelRunner, SampledRow
+from lamina_jax.scheduler import Scheduler, Sequence, Step
+from lamina_jax.stop_text import StopText
+from lamina_jax.tokenizer import GGUFTokenizer, IncrementalDetokenizer
+
+log = structlog.get_logger(__name__)
+
+
+class _Output:
+    """Per-sequence text state: incremental detokenizer and stop-string filter."""
+
+    def __init__(self, tokenizer: GGUFTokenizer, seq: Sequence) -> None:
+        self.detokenizer = IncrementalDetokenizer(tokenizer, seq.prompt_ids, skip_special_tokens=True)
+        self.stop_text = StopText(seq.sampling.stop)
+
+
+class Engine:
+    """Steps a model over a continuously changing batch on its own thread."""
+
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer: GGUFTokenizer, *,
+                 max_model_len: int) -> None:
+        self.runner, self.scheduler, self.tokenizer = runner, scheduler, tokenizer
+        self.max_model_len = max_model_len
+        self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._outputs: dict[Sequence, _Output] = {}
+        self._thread: threading.Thread | None = None
+        self.generated_tokens = 0
+        self.prompt_tokens = 0
+        self._submitted = 0  # written by the event loop only
+        self._accepted = 0  # written by the engine thread only
+
+    # -- called from the event loop ---------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="lamina-jax-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, seq: Sequence) -> None:
+        self._submitted += 1
+        self._inbox.put(("add", seq))
+
+    def abort(self, seq: Sequence) -> None:
+        self._inbox.put(("abort", seq))
+
+    def stop(self) -> None:
+        """Abort everything, free all blocks, and join the thread."""
+        if self._thread is not None:
+            self._inbox.put(("stop", None))
+            self._thread.join()
+            self._thread = None
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not yet running (queued in the scheduler or still in the inbox)."""
+        return len(self.scheduler.waiting) + self._submitted - self._accepted
+
+    # -- the engine thread -------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            if not self._drain(block=not self.scheduler.has_work()):
+                break
+            self.step()
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            self._finish(seq, "abort")
+
+    def _drain(self, *, block: bool) -> bool:
+        """Apply inbox commands; False on stop."""
+        while True:
+            try:
+                command, arg = self._inbox.get(block=block)
+            except queue.Empty:
+                return True
+            block = False
+            if command == "stop":
+                return False
+            assert isinstance(arg, Sequence)
+            if command == "add":
+                self._accepted += 1
+                self._outputs[arg] = _Output(self.tokenizer, arg)
+                self.scheduler.add(arg)
+                self.prompt_tokens += len(arg.prompt_ids)
+            elif command == "abort" and self.scheduler.remove(arg):
+                self._outputs.pop(arg, None)
+
+    def step(self) -> None:
+        """One schedule → run → update cycle."""
+        step = self.scheduler.schedule()
+        if step.prefill is None and not step.decode:
+            time.sleep(0.001)  # waiting for memory that only an abort can free
+            return
+        try:
+            self._run_step(step)
+        except Exception:
+            log.exception("engine_step_failed", request_ids=[s.request_id for s in self._in(step)])
+            self.runner.reset_cache()
+            for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+                seq.emit(InternalError("the executor failed while computing this request"))
+                self.scheduler.remove(seq)
+                self._outputs.pop(seq, None)
+
+    @staticmethod
+    def _in(step: Step) -> list[Sequence]:
+        return ([step.prefill.seq] if step.prefill else []) + step.decode
+
+    def _run_step(self, step: Step) -> None:
+        work = step.prefill
+        if work is not None:
+            sampled = self.runner.prefill(work.seq, work.start, work.tokens, sample=work.last)
+            self.scheduler.finish_prefill(work)
+            if work.last and sampled is not None and not work.seq.output_ids:
+                self._accept(work.seq, sampled)
+        if step.decode:
+            rows = self.runner.decode(step.decode)
+            for seq, row in zip(step.decode, rows, strict=True):
+                seq.num_computed += 1
+                self._accept(seq, row)
+
+    def _accept(self, seq: Sequence, row: SampledRow) -> None:
+        output = self._outputs[seq]
+        sampling = seq.sampling
+        token = row.token
+        seq.output_ids.append(token)
+        self.generated_tokens += 1
+        finish: FinishReason | None = None
+        text = ""
+        if (token == self.tokenizer.eos_id and not sampling.ignore_eos) or token in sampling.stop_token_ids:
+            finish = "stop"
+        else:
+            text, hit = output.stop_text.push(output.detokenizer.add(token))
+            finish = "stop" if hit else None
+        if finish is None and (len(seq.output_ids) >= sampling.max_tokens or seq.length >= self.max_model_len):
+            finish = "length"
+        if finish is not None:
+            text += output.stop_text.flush()  # held-back text is final now ("" after a stop string)
+        chunk = TokenChunk(
+            request_id=seq.request_id,
+            index=len(seq.output_ids) - 1,
+            token_ids=(token,),
+            text=text,
+            logprobs=(row.logprob,) if sampling.logprobs else None,
+            top_logprobs=(self._top(row, sampling.top_logprobs),) if sampling.logprobs else None,
+            finish_reason=finish,
+            usage=Usage(prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids))
+            if finish else None,
+        )
+        seq.emit(chunk)
+        if finish is not None:
+            self.scheduler.remove(seq)
+            self._outputs.pop(seq, None)
+
+    def _top(self, row: SampledRow, count: int) -> tuple[TopLogprob, ...]:
+        return tuple(
+            TopLogprob(token_id=int(t), text=self.tokenizer.decode([int(t)]), logprob=float(lp))
+            for t, lp in zip(row.top_ids[:count], row.top_logprobs[:count], strict=True)
+        )
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        seq.emit(TokenChunk(request_id=seq.request_id, index=len(seq.output_ids), finish_reason=reason,
+                            usage=Usage(prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids))))
+        self.scheduler.remove(seq)
+        self._outputs.pop(seq, None)
+

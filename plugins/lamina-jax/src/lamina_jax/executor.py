@@ -1,0 +1,158 @@
+"""The ``jax`` executor: the Executor protocol over the engine thread.
+
+``generate`` tokenizes on the event loop (the chat template for messages), checks the
+request against the context window, the KV pool and the queue bound, and returns an async
+iterator fed by the engine thread through an ``asyncio.Queue``. Closing it early aborts the
+request in the engine, which frees its KV blocks at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import attrs
+import jax
+import jax.numpy as jnp
+import structlog
+from tqdm import tqdm
+
+from lamina_hookspecs.errors import ContextLengthError, InvalidRequestError, LaminaError, ServiceUnavailableError
+from lamina_hookspecs.registration import BuildContext
+from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
+from lamina_jax.engine import Engine
+from lamina_jax.kv_cache import BlockAllocator, blocks_for
+from lamina_jax.model_runner import ModelRunner
+from lamina_jax.options import BUILTIN_MODEL, JaxOptions
+from lamina_jax.sampling import request_key
+from lamina_jax.scheduler import Scheduler, Sequence
+from lamina_jax.tokenizer import GGUFTokenizer
+from lamina_jax.weights.gguf import load_gguf, smollm2_path
+
+log = structlog.get_logger(__name__)
+
+class JaxExecutor:
+    """A Llama-family model from a GGUF file, served with continuous batching."""
+
+    def __init__(self, options: JaxOptions) -> None:
+        self.options = options
+        path = smollm2_path() if options.model == BUILTIN_MODEL else Path(options.model)
+        self.path = path
+        name = options.served_name or (BUILTIN_MODEL if options.model == BUILTIN_MODEL else path.stem)
+        self.model = ModelInfo(id=name, context_length=options.max_model_len)
+        self.engine: Engine | None = None
+        self.tokenizer: GGUFTokenizer | None = None
+        self._outstanding = 0
+        self._outstanding_tokens = 0
+
+    async def start(self) -> None:
+        if self.engine is None:
+            self.engine = await asyncio.to_thread(self._load)
+            self.engine.start()
+
+    def _load(self) -> Engine:
+        with tqdm(desc=f"loading {self.path.name}", unit="tensor", leave=False) as bar:
+            def progress(done: int, total: int) -> None:
+                bar.total = total
+                bar.update(done - bar.n)
+
+            loaded = load_gguf(self.path, progress=progress)
+        config, options = loaded.config, self.options
+        params = loaded.params
+        if options.weights_dtype == "bfloat16":
+            params = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params)
+        max_len = min(options.max_model_len, config.context_length)
+        self.model = attrs.evolve(self.model, context_length=max_len)
+        block_bytes = 2 * config.n_layers * options.block_size * config.n_kv_heads * config.head_dim * 4
+        num_blocks = max(int(options.kv_cache_mb * 2**20 // block_bytes), blocks_for(max_len, options.block_size))
+        self.tokenizer = GGUFTokenizer.from_metadata(loaded.metadata)
+        runner = ModelRunner(params, config, num_blocks=num_blocks, block_size=options.block_size,
+                             max_batch=options.max_batch)
+        scheduler = Scheduler(BlockAllocator(num_blocks), block_size=options.block_size,
+                              max_batch=options.max_batch, prefill_chunk=options.prefill_chunk)
+        log.info("model_loaded", model=self.model.id, path=str(self.path), layers=config.n_layers,
+                 kv_blocks=num_blocks, block_size=options.block_size, max_model_len=max_len)
+        return Engine(runner, scheduler, self.tokenizer, max_model_len=max_len)
+
+    async def stop(self) -> None:
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            await asyncio.to_thread(engine.stop)
+
+    def state(self) -> BackendState:
+        engine = self.engine
+        if engine is None:
+            return BackendState(name="jax", model=self.model.id, healthy=False)
+        allocator = engine.scheduler.allocator
+        return BackendState(
+            name="jax", model=self.model.id, outstanding_requests=self._outstanding,
+            outstanding_tokens=self._outstanding_tokens, queue_depth=engine.num_waiting,
+            kv_blocks_used=allocator.num_used, kv_blocks_total=allocator.num_blocks,
+        )
+
+    def _prompt_ids(self, request: Request) -> list[int]:
+        assert self.tokenizer is not None
+        if request.prompt_token_ids is not None:
+            ids = list(request.prompt_token_ids)
+            vocab = self.tokenizer.backend.get_vocab_size()
+            if any(not 0 <= t < vocab for t in ids):
+                raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+            return ids
+        if request.messages is not None:
+            return self.tokenizer.encode_chat([{"role": m.role, "content": m.content} for m in request.messages])
+        return self.tokenizer.encode(request.prompt or "")
+
+    def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
+        engine = self.engine
+        if engine is None:
+            raise ServiceUnavailableError("the model is not loaded yet", code="model_loading", retry_after=5)
+        ids = self._prompt_ids(request)
+        if not ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        limit, budget = self.model.context_length, request.sampling.max_tokens
+        if len(ids) + budget > limit:
+            raise ContextLengthError(f"this model's maximum context length is {limit} tokens; the prompt has "
+                                     f"{len(ids)} and max_tokens asks for {budget} more")
+        if engine.num_waiting >= self.options.max_queue:
+            raise ServiceUnavailableError(f"the request queue is full ({self.options.max_queue} waiting)",
+                                          code="queue_full", retry_after=1)
+        return self._stream(engine, request, ids)
+
+    async def _stream(self, engine: Engine, request: Request, ids: list[int]) -> AsyncIterator[TokenChunk]:
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[TokenChunk | LaminaError] = asyncio.Queue()
+
+        def emit(item: object) -> None:
+            try:
+                loop.call_soon_threadsafe(inbox.put_nowait, item)
+            except RuntimeError:  # the event loop is closed: nobody is listening any more
+                pass
+
+        seq = Sequence(request_id=request.id, prompt_ids=ids, sampling=request.sampling, emit=emit,
+                       key=request_key(request.sampling.seed))
+        tokens = len(ids) + request.sampling.max_tokens
+        self._outstanding += 1
+        self._outstanding_tokens += tokens
+        engine.submit(seq)
+        finished = False
+        try:
+            while True:
+                item = await inbox.get()
+                if isinstance(item, LaminaError):
+                    finished = True
+                    raise item
+                finished = item.finish_reason is not None
+                yield item
+                if finished:
+                    return
+        finally:
+            self._outstanding -= 1
+            self._outstanding_tokens -= tokens
+            if not finished:
+                engine.abort(seq)
+
+
+def build_jax(options: JaxOptions, context: BuildContext) -> JaxExecutor:
+    """A Llama-family GGUF model in JAX with continuous batching and a paged KV cache."""
+    return JaxExecutor(options)

