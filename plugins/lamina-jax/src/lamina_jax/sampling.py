@@ -15,9 +15,12 @@ sort of the ``[B, vocab]`` scaled logits, ``O(B vocab log vocab)``, about 10 ms 
 49152-token vocabulary on two CPU cores (far less on a GPU). With ``max_top_k=K``, a step whose
 filtered rows all fit in their ``K`` most likely tokens (``top_k <= K``, or a nucleus within the
 first ``K``) runs on ``lax.top_k(scaled, K)`` instead, drawing the same token from the same key
-(barring float rounding exactly at a nucleus boundary); any other step falls back to the full sort. Rows with neither filter draw over the vocabulary unsorted (the cost of the
-random bits, ``O(B vocab)``); a step without random rows costs an argmax. Every step computes the
-log-softmax and the ``num_top`` largest logprobs, ``O(B vocab)``.
+(barring float rounding exactly at a nucleus boundary); any other step falls back to the full sort.
+Rows with neither filter draw over the vocabulary unsorted (the cost of the random bits,
+``O(B vocab)``); a step without random rows costs an argmax. Every step computes the log-softmax
+and the ``num_top`` largest logprobs, ``O(B vocab)``. Measured on two CPU cores, vocab 49152, B=32:
+greedy 5 ms, temperature only 30 ms, top-k/top-p 300 ms by full sort or 11-15 ms with
+``max_top_k=256``.
 """
 
 import functools
@@ -141,13 +144,11 @@ def _draw_random(
 
 
 @functools.partial(jax.jit, static_argnames=("num_top", "max_top_k"))
-def sample(
-    logits: jax.Array, batch: SamplingBatch, *, num_top: int, max_top_k: int | None = None
-) -> SampleResult:
+def sample(logits: jax.Array, batch: SamplingBatch, *, num_top: int, max_top_k: int | None = None) -> SampleResult:
     """The next token of every row of ``logits [B, vocab]``, with its logprob and the top ``num_top``.
 
     Rows with ``temperature <= 0`` take the argmax (ties: lowest id). ``max_top_k`` (static) lets
-    steps whose rows all fit in that many candidates skip the full sort, without changing results.
+    steps whose rows all fit in that many candidates skip the full sort, drawing the same tokens.
     """
     logits = logits.astype(jnp.float32)
     greedy = lax.top_k(logits, 1)[1][:, 0]  # jnp.argmax, ties included, but 4x faster on XLA:CPU
