@@ -11,42 +11,16 @@ ECHO_STACK: dict[str, Any] = {
     "stack": {"name": "test"},
     "router": {"use": "round-robin"},
     "executor": {"use": "echo"},
-    "codec": {"use": "test-codec"},
 }
 
 
-class _NullCodec:
-    media_type = "application/x-null"
-
-    def encoder(self) -> Any:
-        raise NotImplementedError
-
-    def decoder(self) -> Any:
-        raise NotImplementedError
-
-
-class CodecPlugin:
-    """Registers a placeholder codec so stacks build without a real codec plugin."""
-
-    from lamina_hookspecs import hookimpl
-
-    @hookimpl
-    def lamina_register_codecs(self, register: Any) -> None:
-        register("test-codec", lambda options, context: _NullCodec())
-
-
 @pytest.fixture
-def codec_plugin() -> tuple[str, object]:
-    return ("test-codec", CodecPlugin())
-
-
-@pytest.fixture
-def build_stack(make_plugins: Any, codec_plugin: tuple[str, object]) -> Any:
+def build_stack(make_plugins: Any) -> Any:
     """``build_stack(*extra_plugins, overrides={...})`` → a built (not started) echo stack;
     an override of ``None`` removes that section."""
 
     def build(*extra: tuple[str, object], overrides: dict[str, Any] | None = None) -> Stack:
-        plugins: PluginSet = make_plugins(codec_plugin, *extra, entry_points=True)
+        plugins: PluginSet = make_plugins(*extra, entry_points=True)
         merged = {**ECHO_STACK, **(overrides or {})}
         config = StackConfig.from_dict({k: v for k, v in merged.items() if v is not None}, plugins.registry)
         return Stack(config, plugins)

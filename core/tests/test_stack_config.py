@@ -29,12 +29,12 @@ class KnobRouter:
 
 
 @pytest.fixture
-def registry(codec_plugin: tuple[str, object]) -> Any:
-    return load_plugins(extra=[("knobs", KnobRouter()), codec_plugin]).registry
+def registry() -> Any:
+    return load_plugins(extra=[("knobs", KnobRouter())]).registry
 
 
 def load(registry: Any, **sections: Any) -> StackConfig:
-    base: dict[str, Any] = {"executor": {"use": "echo"}, "codec": {"use": "test-codec"}}
+    base: dict[str, Any] = {"executor": {"use": "echo"}}
     return StackConfig.from_dict({**base, **sections}, registry)
 
 

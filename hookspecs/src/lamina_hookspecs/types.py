@@ -24,13 +24,15 @@ def _tuple_of_ints(value: object) -> tuple[int, ...]:
 class SamplingParams:
     """How to pick tokens. ``temperature == 0`` means greedy; ``top_k == 0`` means off.
 
-    Generation stops at ``max_tokens``, at the model's end-of-sequence token (unless
+    Generation stops at ``max_tokens`` (``None``: at the end of the context window), at the model's end-of-sequence token (unless
     ``ignore_eos``), at any of ``stop_token_ids``, or where the text contains one of ``stop``
     (the stop string itself is not returned). ``top_logprobs`` alternatives are returned
     per token when ``logprobs`` is set.
     """
 
-    max_tokens: int = attrs.field(default=16, validator=attrs.validators.ge(1))
+    max_tokens: int | None = attrs.field(
+        default=16, validator=attrs.validators.optional(attrs.validators.ge(1))
+    )
     temperature: float = attrs.field(default=1.0, validator=attrs.validators.ge(0.0))
     top_p: float = attrs.field(
         default=1.0, validator=[attrs.validators.gt(0.0), attrs.validators.le(1.0)]

@@ -61,15 +61,15 @@ class EchoExecutor:
 
     def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
         words = _words(request)
-        budget = request.sampling.max_tokens
-        if len(words) + budget > self.options.context_length:
+        budget = request.sampling.max_tokens or self.options.context_length - len(words)
+        if budget < 1 or len(words) + budget > self.options.context_length:
             raise ContextLengthError(
                 f"prompt ({len(words)} tokens) plus max_tokens ({budget}) exceeds the context "
                 f"length {self.options.context_length}"
             )
-        return self._stream(request, words)
+        return self._stream(request, words, budget)
 
-    async def _stream(self, request: Request, words: list[str]) -> AsyncIterator[TokenChunk]:
+    async def _stream(self, request: Request, words: list[str], budget: int) -> AsyncIterator[TokenChunk]:
         sampling = request.sampling
         source = itertools.cycle(words) if sampling.ignore_eos and words else iter(words)
         text, emitted = "", 0
@@ -77,7 +77,7 @@ class EchoExecutor:
         self._running += 1
         try:
             for word in source:
-                if emitted == sampling.max_tokens:
+                if emitted == budget:
                     finish = "length"
                     break
                 if self.options.token_delay_s:

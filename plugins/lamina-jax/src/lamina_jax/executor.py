@@ -110,14 +110,16 @@ class JaxExecutor:
         ids = self._prompt_ids(request)
         if not ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
-        limit, budget = self.model.context_length, request.sampling.max_tokens
-        if len(ids) + budget > limit:
+        limit = self.model.context_length
+        budget = request.sampling.max_tokens or limit - len(ids)
+        if budget < 1 or len(ids) + budget > limit:
             raise ContextLengthError(f"this model's maximum context length is {limit} tokens; the prompt has "
                                      f"{len(ids)} and max_tokens asks for {budget} more")
         if engine.num_waiting >= self.options.max_queue:
             raise ServiceUnavailableError(f"the request queue is full ({self.options.max_queue} waiting)",
                                           code="queue_full", retry_after=1)
-        return self._stream(engine, request, ids)
+        return self._stream(engine, attrs.evolve(request, sampling=attrs.evolve(request.sampling, max_tokens=budget)),
+                            ids)
 
     async def _stream(self, engine: Engine, request: Request, ids: list[int]) -> AsyncIterator[TokenChunk]:
         loop = asyncio.get_running_loop()
@@ -131,7 +133,7 @@ class JaxExecutor:
 
         seq = Sequence(request_id=request.id, prompt_ids=ids, sampling=request.sampling, emit=emit,
                        key=request_key(request.sampling.seed))
-        tokens = len(ids) + request.sampling.max_tokens
+        tokens = len(ids) + (request.sampling.max_tokens or 0)
         self._outstanding += 1
         self._outstanding_tokens += tokens
         engine.submit(seq)
