@@ -154,7 +154,7 @@ def test_closed_streams_free_their_blocks(tiny_gguf: Path) -> None:
         busy = executor.state().kv_blocks_used
         for stream in streams:
             await stream.aclose()
-        for _ in range(200):
+        for _ in range(1000):  # aborts are applied at the engine's next step boundary
             if executor.state().kv_blocks_used == 0:
                 break
             await asyncio.sleep(0.01)
@@ -169,7 +169,7 @@ def test_closed_streams_free_their_blocks(tiny_gguf: Path) -> None:
 
 def test_bad_requests_get_clear_errors(tiny_gguf: Path) -> None:
     async def go() -> None:
-        executor = await started(tiny_gguf, max_batch=1, max_queue=1)
+        executor = await started(tiny_gguf)
         model = executor.model.id
         with pytest.raises(ContextLengthError, match="maximum context length is 128"):
             executor.generate(Request(id="x", model=model, prompt_token_ids=[5] * 100,
@@ -178,16 +178,17 @@ def test_bad_requests_get_clear_errors(tiny_gguf: Path) -> None:
             executor.generate(Request(id="x", model=model, prompt_token_ids=[10**6]))
         with pytest.raises(InvalidRequestError, match="empty"):
             executor.generate(Request(id="x", model=model, prompt=""))
+        await executor.stop()
+        # One batch slot, held by a long request; a second one waits; a third finds the queue full.
+        executor = await started(tiny_gguf, max_batch=1, max_queue=1, max_model_len=256)
         first = executor.generate(Request(id="a", model=model, prompt="a", sampling=SamplingParams(
-            max_tokens=50, **GREEDY)))
-        await first.__anext__()  # running: the only batch slot
+            max_tokens=250, **GREEDY)))
+        await first.__anext__()
         second = executor.generate(Request(id="b", model=model, prompt="b", sampling=SamplingParams(max_tokens=5)))
         waiting = asyncio.ensure_future(second.__anext__())
-        for _ in range(100):
-            if executor.engine.num_waiting == 1:
-                break
-            await asyncio.sleep(0.01)
-        with pytest.raises(ServiceUnavailableError, match="queue is full"):
+        while executor.engine.num_waiting < 1:
+            await asyncio.sleep(0.001)
+        with pytest.raises(ServiceUnavailableError, match="queue is full"):  # no await since the check
             executor.generate(Request(id="c", model=model, prompt="c"))
         await first.aclose()
         await waiting
