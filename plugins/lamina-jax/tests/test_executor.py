@@ -227,3 +227,8 @@ def test_steady_state_serving_compiles_nothing_new(tiny_gguf: Path) -> None:
 
     first, second = run(go)
     assert first > 0 and second == 0, (first, second)
+
+
+def test_a_missing_model_file_is_a_config_error() -> None:
+    with pytest.raises(ValueError, match="no GGUF file at '/no/such.gguf'"):
+        JaxOptions(model="/no/such.gguf")

