@@ -1,6 +1,6 @@
 """The ``lamina`` command: one entry point, one subcommand per job.
 
-``plugins`` and ``check`` are here; ``serve``, ``bench`` and ``ab`` are added as their
+``plugins``, ``check`` and ``serve`` are here; ``bench`` and ``ab`` are added as their
 issues land, each as a ``_cmd_<name>`` function registered in :func:`build_parser`.
 """
 
@@ -67,6 +67,22 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from lamina.server.serve import serve
+    from lamina.stack import Stack
+
+    plugins = load_plugins()
+    try:
+        config = (StackConfig.from_toml(args.stack, plugins.registry) if args.stack
+                  else StackConfig.from_dict({}, plugins.registry))
+        stack = Stack(config, plugins)
+    except ConfigError as exc:
+        print(f"error: {args.stack or 'default stack'}: {exc}", file=sys.stderr)
+        return 1
+    return serve(stack, host=args.host or config.server.host,
+                 port=config.server.port if args.port is None else args.port)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lamina", description="Lamina: a plugin microkernel for LLM serving.")
     parser.add_argument("--log-level", default="WARNING", help="log level (default WARNING)")
@@ -82,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("stack", help="path to a stack file (TOML)")
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.set_defaults(func=_cmd_check)
+
+    serve = sub.add_parser("serve", help="serve a stack over the OpenAI-compatible HTTP API")
+    serve.add_argument("stack", nargs="?", help="stack file (default: the built-in default stack)")
+    serve.add_argument("--host", help="address to bind (overrides server.host; default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (overrides server.port; default 8000)")
+    serve.set_defaults(func=_cmd_serve)
     return parser
 
 

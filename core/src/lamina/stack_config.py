@@ -76,6 +76,13 @@ class ServerConfig:
         validator=[attrs.validators.ge(0), attrs.validators.le(65535)],
         metadata={"help": "HTTP port (0 picks a free one)"},
     )
+    drain_timeout_s: float = attrs.field(
+        default=30.0, validator=attrs.validators.ge(0.0),
+        metadata={"help": "on SIGTERM, how long in-flight requests may run before the server exits"},
+    )
+    max_body_bytes: int = attrs.field(
+        default=1 << 20, validator=attrs.validators.ge(1024), metadata={"help": "largest request body accepted"},
+    )
 
 
 @attrs.frozen(kw_only=True)

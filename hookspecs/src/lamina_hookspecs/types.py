@@ -131,12 +131,17 @@ class TokenChunk:
 
 @attrs.frozen(kw_only=True)
 class StreamMeta:
-    """What a stream says once, before its tokens: sent in a codec's header."""
+    """What a stream says once, before its tokens: sent in a codec's header.
+
+    ``include_usage`` is the client's choice of a usage report at the end of the stream
+    (OpenAI's ``stream_options.include_usage``); ``None`` leaves it to the codec's default.
+    """
 
     request_id: str
     model: str
     created: int
     kind: Literal["completion", "chat"] = "completion"
+    include_usage: bool | None = None
 
 
 @attrs.frozen(kw_only=True)

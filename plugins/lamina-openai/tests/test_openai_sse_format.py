@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+import attrs
 import pytest
 
 from lamina_hookspecs.errors import CodecError
@@ -60,9 +61,12 @@ def test_completion_stream_bytes_without_usage(completion_items: list[object], e
     assert encode(OpenAISseCodec().encoder(), completion_items) == COMPLETION_SSE
 
 
-def test_encoder_option_overrides_codec_default(chat_items: list[object], encode: Encode) -> None:
-    assert encode(OpenAISseCodec(include_usage=False).encoder(include_usage=True), chat_items) == CHAT_SSE
-    assert b'"usage"' not in encode(OpenAISseCodec(include_usage=True).encoder(include_usage=False), chat_items)
+def test_the_clients_choice_in_the_stream_meta_overrides_codec_default(chat_items: list[object],
+                                                                        encode: Encode) -> None:
+    meta, *rest = chat_items
+    asks, declines = attrs.evolve(meta, include_usage=True), attrs.evolve(meta, include_usage=False)
+    assert encode(OpenAISseCodec(include_usage=False).encoder(), [asks, *rest]) == CHAT_SSE
+    assert b'"usage"' not in encode(OpenAISseCodec(include_usage=True).encoder(), [declines, *rest])
 
 
 def test_error_bytes() -> None:

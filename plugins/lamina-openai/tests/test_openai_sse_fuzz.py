@@ -23,7 +23,7 @@ def valid(chat_items: list[object], completion_items: list[object],
           encode: Callable[[SseEncoder, list[object]], bytes]) -> list[bytes]:
     """Streams the encoder wrote: chat with usage, completion, chat cut short by an error."""
     return [
-        encode(CODEC.encoder(include_usage=True), chat_items),
+        encode(OpenAISseCodec(include_usage=True).encoder(), chat_items),
         encode(CODEC.encoder(), completion_items),
         encode(CODEC.encoder(), [*chat_items[:2], StreamError(message="x")]),
     ]

@@ -79,8 +79,11 @@ class SseEncoder:
         self._offset = 0  # characters of text written so far (completion text_offset)
 
     def header(self, meta: StreamMeta) -> bytes:
-        """Nothing: SSE repeats the metadata in every chunk, so it is only remembered."""
+        """Nothing: SSE repeats the metadata in every chunk, so it is only remembered
+        (with the client's ``include_usage`` choice, when it made one)."""
         self._meta = meta
+        if meta.include_usage is not None:
+            self.include_usage = meta.include_usage
         return b""
 
     def chunk(self, chunk: TokenChunk) -> bytes:
@@ -367,9 +370,9 @@ class OpenAISseCodec:
     def __init__(self, *, include_usage: bool = False) -> None:
         self.include_usage = include_usage
 
-    def encoder(self, *, include_usage: bool | None = None) -> SseEncoder:
-        """A fresh encoder; ``include_usage`` (the request's ``stream_options``) overrides the default."""
-        return SseEncoder(include_usage=self.include_usage if include_usage is None else include_usage)
+    def encoder(self) -> SseEncoder:
+        """A fresh encoder; the stream's ``StreamMeta.include_usage`` overrides the default."""
+        return SseEncoder(include_usage=self.include_usage)
 
     def decoder(self, *, max_event_bytes: int = MAX_EVENT_BYTES) -> SseDecoder:
         """A fresh decoder; lines and events over ``max_event_bytes`` raise ``CodecError``."""

@@ -1,0 +1,1 @@
+"""Transports: the OpenAI-compatible HTTP API (and, later, gRPC) over a built stack."""

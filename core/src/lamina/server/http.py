@@ -1,0 +1,212 @@
+"""The OpenAI-compatible HTTP API, on Starlette (served by uvicorn).
+
+Starlette and uvicorn are the well-kept ASGI pair that vLLM's and SGLang's OpenAI servers
+also build on; writing HTTP parsing, keep-alive and chunked streaming by hand would buy
+nothing. Each completion request becomes a :class:`~lamina_hookspecs.types.RequestContext`
+and runs through :func:`lamina.pipeline.run_request`; its chunks are encoded by the codec
+the client negotiated with ``Accept`` (``text/event-stream`` — OpenAI SSE — by default).
+
+A streamed response starts only once the first chunk exists, so every rejection (admission,
+validation, context length, queue full) still gets its own HTTP status and an OpenAI error
+body. A client that disconnects cancels the stream, which aborts the request and frees its
+KV blocks. While the server drains (SIGTERM) new requests get 503.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import orjson
+import structlog
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from lamina_hookspecs.errors import InvalidRequestError, LaminaError, NotFoundError, ServiceUnavailableError
+from lamina_hookspecs.protocols import Codec
+from lamina_hookspecs.types import Request, RequestContext, StreamError, StreamMeta, TokenChunk
+from lamina.pipeline import run_request
+from lamina.server.metrics import Metrics
+from lamina.server.openai_api import completion_body, parse_chat, parse_completion
+from lamina.stack import Stack
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_ACCEPT = {"*/*", "application/*", "text/*", "application/json", "text/event-stream", ""}
+
+
+class NotAcceptableError(LaminaError):
+    """No codec speaks any media type the client accepts (HTTP 406)."""
+
+    http_status = 406
+    grpc_code = "INVALID_ARGUMENT"
+    openai_type = "invalid_request_error"
+
+
+class PayloadTooLargeError(InvalidRequestError):
+    """The body is over the server's limit (HTTP 413)."""
+
+    http_status = 413
+
+
+class UnsupportedMediaTypeError(InvalidRequestError):
+    """The body is not JSON (HTTP 415)."""
+
+    http_status = 415
+
+
+def error_response(error: LaminaError, request_id: str | None = None) -> JSONResponse:
+    headers = {"x-request-id": request_id} if request_id else {}
+    if error.retry_after is not None:
+        headers["retry-after"] = str(max(1, round(error.retry_after)))
+    return JSONResponse(error.to_openai(), status_code=error.http_status, headers=headers)
+
+
+class Server:
+    """Routes and per-server state (draining flag, in-flight count) for one stack."""
+
+    def __init__(self, stack: Stack, *, max_body_bytes: int = 1 << 20) -> None:
+        self.stack = stack
+        self.max_body_bytes = max_body_bytes
+        self.metrics = Metrics(stack)
+        stack.pm.register(self.metrics, name="lamina.metrics")
+        self.draining = False
+        self.in_flight = 0
+        default = next(iter(stack.codecs.instances.values()))
+        self._default_codec: Codec = default
+
+    def app(self) -> Starlette:
+        routes = [
+            Route("/health", self.health),
+            Route("/ready", self.ready),
+            Route("/metrics", self.metrics_endpoint),
+            Route("/v1/models", self.models),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+        ]
+        return Starlette(routes=routes, exception_handlers={HTTPException: self._http_error})
+
+    async def _http_error(self, request: HttpRequest, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        error = NotFoundError(f"no route {request.method} {request.url.path}") if exc.status_code == 404 else \
+            InvalidRequestError(f"{request.method} is not allowed on {request.url.path}")
+        error.http_status = exc.status_code  # type: ignore[misc]
+        return error_response(error)
+
+    async def health(self, request: HttpRequest) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def ready(self, request: HttpRequest) -> Response:
+        states = {name: executor.state() for name, executor in self.stack.backends.items()}
+        ready = not self.draining and all(state.healthy for state in states.values())
+        return JSONResponse({"ready": ready, "draining": self.draining,
+                             "backends": {name: state.healthy for name, state in states.items()}},
+                            status_code=200 if ready else 503)
+
+    async def metrics_endpoint(self, request: HttpRequest) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def models(self, request: HttpRequest) -> Response:
+        created = int(time.time())
+        models = {executor.model.id: executor.model for executor in self.stack.backends.values()}
+        return JSONResponse({"object": "list", "data": [
+            {"id": m.id, "object": "model", "created": created, "owned_by": m.owned_by, "max_model_len": m.context_length}
+            for m in models.values()]})
+
+    async def completions(self, request: HttpRequest) -> Response:
+        return await self._generate(request, "completion", "cmpl", parse_completion)
+
+    async def chat(self, request: HttpRequest) -> Response:
+        return await self._generate(request, "chat", "chatcmpl", parse_chat)
+
+    def _negotiate(self, accept: str) -> Codec:
+        wanted = [part.split(";")[0].strip().lower() for part in accept.split(",")]
+        for media_type in wanted:
+            codec = self.stack.codec_for(media_type)
+            if codec is not None:
+                return codec
+        if any(media_type in DEFAULT_ACCEPT for media_type in wanted):
+            return self._default_codec
+        raise NotAcceptableError(f"no codec produces any of: {accept}; available: "
+                                 + ", ".join(sorted(c.media_type for c in self.stack.codecs.instances.values())))
+
+    async def _read_json(self, request: HttpRequest) -> Mapping[str, Any]:
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type and content_type != "application/json":
+            raise UnsupportedMediaTypeError(f"the body must be application/json, not {content_type}")
+        body = bytearray()
+        async for part in request.stream():
+            body += part
+            if len(body) > self.max_body_bytes:
+                raise PayloadTooLargeError(f"the body is over the limit of {self.max_body_bytes} bytes")
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequestError(f"the body is not valid JSON: {exc}") from None
+        if not isinstance(parsed, dict):
+            raise InvalidRequestError("the body must be a JSON object")
+        return parsed
+
+    async def _generate(self, http: HttpRequest, kind: str, prefix: str,
+                        parse: Callable[[Mapping[str, Any], str, str], Request]) -> Response:
+        ctx = RequestContext(request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=kind)
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(request_id=ctx.request_id)
+        try:
+            if self.draining:
+                raise ServiceUnavailableError("the server is shutting down", code="draining", retry_after=5)
+            body = await self._read_json(http)
+            codec = self._negotiate(http.headers.get("accept", ""))
+        except LaminaError as error:
+            self.metrics.requests.labels(kind, str(error.http_status)).inc()
+            return error_response(error, ctx.request_id)
+        chunks = run_request(self.stack, ctx, body, lambda b: parse(b, ctx.request_id, ctx.tenant))
+        self.in_flight += 1
+        try:
+            first = await anext(chunks)
+        except LaminaError as error:
+            self.in_flight -= 1
+            return error_response(error, ctx.request_id)
+        except BaseException:
+            self.in_flight -= 1
+            raise
+        request = ctx.request
+        assert request is not None
+        headers = {"x-request-id": ctx.request_id}
+        if not request.stream:
+            try:
+                collected = [first] + [chunk async for chunk in chunks]
+            except LaminaError as error:
+                return error_response(error, ctx.request_id)
+            finally:
+                self.in_flight -= 1
+            return Response(orjson.dumps(completion_body(kind, request, collected)), media_type="application/json",
+                            headers=headers)
+        options = body.get("stream_options") or {}
+        meta = StreamMeta(request_id=ctx.request_id, model=request.model, created=int(time.time()),
+                          kind="chat" if kind == "chat" else "completion", include_usage=options.get("include_usage"))
+        return StreamingResponse(self._stream(codec, meta, first, chunks), media_type=codec.media_type,
+                                 headers=headers)
+
+    async def _stream(self, codec: Codec, meta: StreamMeta, first: TokenChunk,
+                      chunks: AsyncIterator[TokenChunk]) -> AsyncIterator[bytes]:
+        encoder = codec.encoder()
+        try:
+            yield encoder.header(meta) + encoder.chunk(first)
+            last = time.monotonic()
+            async for chunk in chunks:
+                yield encoder.chunk(chunk)
+                now = time.monotonic()
+                if chunk.token_ids:
+                    self.metrics.itl.observe(now - last)
+                last = now
+        except LaminaError as error:
+            yield encoder.error(StreamError(message=error.message, type=error.openai_type, code=error.code))
+        finally:
+            self.in_flight -= 1
+            await chunks.aclose()  # type: ignore[attr-defined]

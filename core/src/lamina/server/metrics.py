@@ -1,0 +1,94 @@
+"""Prometheus metrics, as a lifecycle plugin plus a live collector.
+
+Names follow vLLM's under a ``lamina_`` prefix (``lamina_time_to_first_token_seconds``,
+``lamina_num_requests_waiting``, ...). The three gauges that Kubernetes inference gateways
+(the Gateway API Inference Extension's model-server protocol) and KEDA read are also
+exported under vLLM's own names — ``vllm:num_requests_waiting``,
+``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc`` (and the older
+``vllm:gpu_cache_usage_perc``) — so those tools route and scale Lamina with no glue.
+Each server gets its own registry; nothing is global.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import prometheus_client
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from lamina_hookspecs import hookimpl
+from lamina_hookspecs.errors import LaminaError
+from lamina_hookspecs.types import FinishReason, RequestContext
+from lamina.stack import Stack
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                   40.0, 80.0)
+
+
+class _BackendGauges(Collector):
+    """Reads the backends' live state at scrape time."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        states = [executor.state() for executor in self.stack.backends.values()]
+        waiting = sum(s.queue_depth for s in states)
+        running = sum(max(s.outstanding_requests - s.queue_depth, 0) for s in states)
+        used, total = sum(s.kv_blocks_used for s in states), sum(s.kv_blocks_total for s in states)
+        usage = used / total if total else 0.0
+        for prefix in ("lamina_", "vllm:"):
+            yield GaugeMetricFamily(f"{prefix}num_requests_waiting", "Requests waiting to be scheduled.",
+                                    value=waiting)
+            yield GaugeMetricFamily(f"{prefix}num_requests_running", "Requests being computed.", value=running)
+            yield GaugeMetricFamily(f"{prefix}kv_cache_usage_perc", "KV-cache usage; 1 means 100%.", value=usage)
+        yield GaugeMetricFamily("vllm:gpu_cache_usage_perc", "KV-cache usage (older vLLM name).", value=usage)
+        yield GaugeMetricFamily("lamina_kv_cache_blocks_used", "KV-cache blocks in use.", value=used)
+        yield GaugeMetricFamily("lamina_kv_cache_blocks_total", "KV-cache blocks in all.", value=total)
+
+
+class Metrics:
+    """The server's metrics; registered on the stack's plugin manager as an observer."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = prometheus_client.Counter(
+            "lamina_requests", "Requests by endpoint and HTTP status.", ["endpoint", "status"], registry=r)
+        self.success = prometheus_client.Counter(
+            "lamina_request_success", "Finished requests by finish reason.", ["finished_reason"], registry=r)
+        self.ttft = prometheus_client.Histogram(
+            "lamina_time_to_first_token_seconds", "Time to first token.", buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = prometheus_client.Histogram(
+            "lamina_inter_token_latency_seconds", "Time between streamed chunks.", buckets=LATENCY_BUCKETS,
+            registry=r)
+        self.e2e = prometheus_client.Histogram(
+            "lamina_e2e_request_latency_seconds", "End-to-end request latency.", buckets=LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = prometheus_client.Counter(
+            "lamina_prompt_tokens", "Prompt tokens processed.", registry=r)
+        self.generation_tokens = prometheus_client.Counter(
+            "lamina_generation_tokens", "Tokens generated.", registry=r)
+        r.register(_BackendGauges(stack))
+
+    def render(self) -> bytes:
+        return prometheus_client.generate_latest(self.registry)
+
+    @hookimpl
+    def lamina_request_first_token(self, ctx: RequestContext) -> None:
+        if ctx.ttft_s is not None:
+            self.ttft.observe(ctx.ttft_s)
+
+    @hookimpl
+    def lamina_request_finished(self, ctx: RequestContext, finish_reason: FinishReason) -> None:
+        self.requests.labels(ctx.endpoint, "200").inc()
+        self.success.labels(finish_reason).inc()
+        if ctx.finished_at is not None:
+            self.e2e.observe(ctx.finished_at - ctx.received_at)
+        if ctx.usage is not None:
+            self.prompt_tokens.inc(ctx.usage.prompt_tokens)
+            self.generation_tokens.inc(ctx.usage.completion_tokens)
+
+    @hookimpl
+    def lamina_request_failed(self, ctx: RequestContext, error: LaminaError) -> None:
+        self.requests.labels(ctx.endpoint, str(error.http_status)).inc()

@@ -1,0 +1,232 @@
+"""OpenAI request bodies to :class:`Request`, and whole (non-streamed) results to OpenAI JSON.
+
+Parsing checks every field it knows with an error that names it
+(``temperature: must be a number between 0 and 2``). Fields OpenAI defines but Lamina does
+not support yet, or supports only at one value (``n`` > 1, penalties, ``logit_bias``,
+tools), are refused with a 400 rather than silently ignored; unknown fields too, as
+OpenAI's own API does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from lamina_hookspecs.errors import InvalidRequestError
+from lamina_hookspecs.types import ChatMessage, Completion, Request, SamplingParams, TokenChunk, Usage
+
+ROLES = ("system", "user", "assistant", "tool")
+MAX_TOP_LOGPROBS = 20
+
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options",
+           "user", "presence_penalty", "frequency_penalty", "logit_bias", "ignore_eos", "stop_token_ids"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "parallel_tool_calls",
+                         "tools", "tool_choice", "response_format"}
+
+
+def _fail(param: str, message: str) -> InvalidRequestError:
+    return InvalidRequestError(f"{param}: {message}", param=param)
+
+
+def _number(body: Mapping[str, Any], key: str, lo: float, hi: float, default: float) -> float:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise _fail(key, f"must be a number between {lo:g} and {hi:g}; got {value!r}")
+    return float(value)
+
+
+def _integer(body: Mapping[str, Any], key: str, lo: int, default: int | None) -> int | None:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise _fail(key, f"must be an integer >= {lo}; got {value!r}")
+    return value
+
+
+def _only(body: Mapping[str, Any], key: str, allowed: Callable[[Any], bool], what: str) -> None:
+    if key in body and body[key] is not None and not allowed(body[key]):
+        raise _fail(key, f"only {what} is supported")
+
+
+def _check_fields(body: Mapping[str, Any], known: set[str]) -> None:
+    if not isinstance(body, Mapping):
+        raise InvalidRequestError("the request body must be a JSON object")
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise _fail(unknown[0], "unrecognized request argument")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _fail("model", "required: the id of a model from GET /v1/models")
+    _only(body, "n", lambda v: v == 1, "n = 1")
+    _only(body, "best_of", lambda v: v == 1, "best_of = 1")
+    _only(body, "echo", lambda v: v is False, "echo = false")
+    _only(body, "suffix", lambda v: False, "no suffix")
+    for key in ("presence_penalty", "frequency_penalty"):
+        _only(body, key, lambda v: v == 0, f"{key} = 0")
+    _only(body, "logit_bias", lambda v: v == {}, "an empty logit_bias")
+    for key in ("tools", "tool_choice", "parallel_tool_calls"):
+        _only(body, key, lambda v: v in ([], "none", False), f"no {key.replace('_', ' ')}")
+    _only(body, "response_format", lambda v: v == {"type": "text"}, "response_format text")
+    for key in ("stream", "ignore_eos"):
+        if key in body and not isinstance(body[key], bool):
+            raise _fail(key, f"must be true or false; got {body[key]!r}")
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, Mapping) or set(options) - {"include_usage"}
+                                or not isinstance(options.get("include_usage", False), bool)):
+        raise _fail("stream_options", "must be an object with a boolean include_usage")
+
+
+def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
+        raise _fail("stop", "must be a non-empty string or a list of at most 4 of them")
+    return tuple(stops)
+
+
+def _sampling(body: Mapping[str, Any], max_tokens_key: str, default_max: int | None,
+              logprobs: bool, top_logprobs: int) -> SamplingParams:
+    max_tokens = _integer(body, max_tokens_key, 1, _integer(body, "max_tokens", 1, default_max))
+    top_k = _integer(body, "top_k", -1, 0)
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise _fail("seed", f"must be an integer; got {seed!r}")
+    stop_ids = body.get("stop_token_ids", [])
+    if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
+        raise _fail("stop_token_ids", "must be a list of integers")
+    top_p = _number(body, "top_p", 0.0, 1.0, 1.0)
+    if top_p == 0:
+        raise _fail("top_p", "must be greater than 0")
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=_number(body, "temperature", 0.0, 2.0, 1.0), top_p=top_p,
+        top_k=max(top_k or 0, 0), seed=seed, stop=_stop(body), stop_token_ids=tuple(stop_ids),
+        logprobs=logprobs, top_logprobs=top_logprobs, ignore_eos=bool(body.get("ignore_eos", False)),
+    )
+
+
+def parse_completion(body: Mapping[str, Any], request_id: str, tenant: str) -> Request:
+    """A ``POST /v1/completions`` body as a :class:`Request`."""
+    _check_fields(body, COMPLETION_FIELDS)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    text, ids = None, None
+    if isinstance(prompt, str) and prompt:
+        text = prompt
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                     for t in prompt):
+        ids = prompt
+    else:
+        raise _fail("prompt", "required: a non-empty string or list of token ids (one prompt per request)")
+    logprobs = _integer(body, "logprobs", 0, None)
+    if logprobs is not None and logprobs > 5:
+        raise _fail("logprobs", f"must be between 0 and 5; got {logprobs}")
+    return Request(id=request_id, model=body["model"], prompt=text, prompt_token_ids=ids, tenant=tenant,
+                   user=_user(body), stream=bool(body.get("stream", False)),
+                   sampling=_sampling(body, "max_tokens", 16, logprobs is not None, logprobs or 0))
+
+
+def _content(message: Mapping[str, Any], path: str) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, Mapping) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise _fail(f"{path}.content", "must be a string or a list of text parts")
+
+
+def parse_chat(body: Mapping[str, Any], request_id: str, tenant: str) -> Request:
+    """A ``POST /v1/chat/completions`` body as a :class:`Request`."""
+    _check_fields(body, CHAT_FIELDS)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _fail("messages", "required: a non-empty list of messages")
+    parsed = []
+    for i, message in enumerate(messages):
+        path = f"messages[{i}]"
+        if not isinstance(message, Mapping):
+            raise _fail(path, "must be an object with role and content")
+        if message.get("role") not in ROLES:
+            raise _fail(f"{path}.role", f"must be one of {', '.join(ROLES)}")
+        parsed.append(ChatMessage(role=message["role"], content=_content(message, path)))
+    logprobs = body.get("logprobs", False)
+    if not isinstance(logprobs, bool):
+        raise _fail("logprobs", f"must be true or false; got {logprobs!r}")
+    top = _integer(body, "top_logprobs", 0, 0) or 0
+    if top > MAX_TOP_LOGPROBS or (top and not logprobs):
+        raise _fail("top_logprobs", f"must be between 0 and {MAX_TOP_LOGPROBS}, with logprobs = true")
+    return Request(id=request_id, model=body["model"], messages=tuple(parsed), tenant=tenant, user=_user(body),
+                   stream=bool(body.get("stream", False)),
+                   sampling=_sampling(body, "max_completion_tokens", None, logprobs, top))
+
+
+def _user(body: Mapping[str, Any]) -> str | None:
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise _fail("user", "must be a string")
+    return user
+
+
+def join(request_id: str, chunks: Sequence[TokenChunk]) -> Completion:
+    """The chunks of one finished request as a :class:`Completion`."""
+    final = chunks[-1]
+    usage = final.usage or Usage(prompt_tokens=0, completion_tokens=sum(len(c.token_ids) for c in chunks))
+    return Completion(request_id=request_id, text="".join(c.text for c in chunks),
+                      token_ids=tuple(t for c in chunks for t in c.token_ids),
+                      finish_reason=final.finish_reason or "stop", usage=usage)
+
+
+def _usage(usage: Usage) -> dict[str, Any]:
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens, "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+
+
+def _chat_logprobs(chunks: Sequence[TokenChunk]) -> dict[str, Any]:
+    content = []
+    for chunk in chunks:
+        for i, logprob in enumerate(chunk.logprobs or ()):
+            text = chunk.text if i == 0 else ""
+            alternatives = chunk.top_logprobs[i] if chunk.top_logprobs else ()
+            content.append({"token": text, "logprob": logprob, "bytes": list(text.encode()),
+                            "top_logprobs": [{"token": a.text, "logprob": a.logprob, "bytes": list(a.text.encode())}
+                                             for a in alternatives]})
+    return {"content": content}
+
+
+def _completion_logprobs(chunks: Sequence[TokenChunk]) -> dict[str, Any]:
+    tokens, logprobs, tops, offsets, offset = [], [], [], [], 0
+    for chunk in chunks:
+        for i, logprob in enumerate(chunk.logprobs or ()):
+            text = chunk.text if i == 0 else ""
+            tokens.append(text)
+            logprobs.append(logprob)
+            tops.append({a.text: a.logprob for a in reversed(chunk.top_logprobs[i])} if chunk.top_logprobs else {})
+            offsets.append(offset)
+            offset += len(text)
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def completion_body(kind: str, request: Request, chunks: Sequence[TokenChunk]) -> dict[str, Any]:
+    """The OpenAI JSON response of a non-streamed request (``kind`` is ``chat`` or ``completion``)."""
+    result = join(request.id, chunks)
+    wants_logprobs = request.sampling.logprobs
+    if kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
+                  "logprobs": _chat_logprobs(chunks) if wants_logprobs else None,
+                  "finish_reason": result.finish_reason}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": result.text,
+                  "logprobs": _completion_logprobs(chunks) if wants_logprobs else None,
+                  "finish_reason": result.finish_reason}
+        obj = "text_completion"
+    return {"id": request.id, "object": obj, "created": int(time.time()), "model": request.model,
+            "choices": [choice], "usage": _usage(result.usage)}

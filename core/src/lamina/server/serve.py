@@ -1,0 +1,99 @@
+"""``lamina serve``: build a stack, load its model in the background, serve HTTP with uvicorn.
+
+The listener starts at once so that ``/health`` answers while the model loads; ``/ready``
+turns 200 when every executor has started. SIGTERM (or Ctrl-C) drains: new requests get
+503, in-flight streams run to completion for up to ``server.drain_timeout_s``, then the
+process stops the stack and exits 0. A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import AsyncIterator
+from types import FrameType
+
+import structlog
+import uvicorn
+from starlette.applications import Starlette
+
+from lamina.server.http import Server
+from lamina.stack import Stack
+
+log = structlog.get_logger(__name__)
+
+
+class _DrainingServer(uvicorn.Server):
+    """uvicorn, with a first SIGTERM that drains instead of closing connections."""
+
+    def __init__(self, config: uvicorn.Config, http: Server, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self.http, self.drain_timeout_s = http, drain_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.http.draining or self._loop is None:
+            super().handle_exit(sig, frame)
+            return
+        self.http.draining = True
+        self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.drain_timeout_s
+        log.info("draining", in_flight=self.http.in_flight, timeout_s=self.drain_timeout_s)
+        while self.http.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        log.info("drained", abandoned=self.http.in_flight)
+        self.should_exit = True
+
+
+def _say(message: str) -> None:
+    print(f"lamina: {message}", file=sys.stderr, flush=True)
+
+
+def build_app(stack: Stack, http: Server) -> Starlette:
+    """The ASGI app, whose lifespan starts the stack in the background and stops it at exit."""
+    app = http.app()
+
+    async def start() -> None:
+        began = time.monotonic()
+        try:
+            await stack.start()
+        except Exception:
+            log.exception("stack_start_failed")
+            _say("the stack failed to start; see the log above. /ready stays 503.")
+            return
+        models = ", ".join(sorted({e.model.id for e in stack.backends.values()}))
+        _say(f"ready in {time.monotonic() - began:.1f}s: serving {models}")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        task = asyncio.create_task(start())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await stack.stop()
+
+    app.router.lifespan_context = lifespan
+    return app
+
+
+def serve(stack: Stack, *, host: str, port: int) -> int:
+    """Serve ``stack`` until SIGTERM/SIGINT; returns the exit status."""
+    settings = stack.config.server
+    http = Server(stack, max_body_bytes=settings.max_body_bytes)
+    app = build_app(stack, http)
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
+                            timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)))
+    server = _DrainingServer(config, http, settings.drain_timeout_s)
+    _say(f"stack '{stack.config.meta.name}': {stack.info.components}")
+    _say(f"listening on http://{host}:{port} (loading the model; /ready turns 200 when it is loaded)")
+    server.run()
+    return 0

@@ -1,0 +1,30 @@
+"""The default stack (SmolLM2-135M-Instruct on the JAX executor) behind the HTTP API, with the openai client."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REFERENCE = json.loads((Path(__file__).resolve().parents[1] / "plugins/lamina-jax/tests/data/"
+                        "smollm2_greedy_reference.json").read_text())
+
+
+def test_openai_client_gets_the_reference_greedy_tokens(live: Any) -> None:
+    server = live({})
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    prompt = REFERENCE["prompts"][0]
+    stream = client.completions.create(model="smollm2-135m-instruct", prompt=prompt["prompt"], temperature=0,
+                                       max_tokens=len(prompt["greedy_token_ids"]), stream=True,
+                                       extra_body={"ignore_eos": True})
+    ids = [t for event in stream if event.choices for t in (event.choices[0].model_extra or {}).get("token_ids", [])]
+    assert ids == prompt["greedy_token_ids"]
+    chat = client.chat.completions.create(model="smollm2-135m-instruct", temperature=0, max_tokens=20,
+                                          messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert "Paris" in chat.choices[0].message.content
+    assert chat.usage.prompt_tokens > 20, "the chat template (with its default system prompt) was applied"

@@ -1,0 +1,131 @@
+"""The OpenAI-compatible HTTP API on a live loopback server (echo executor), with the official client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from lamina_hookspecs import hookimpl
+from lamina_hookspecs.errors import InternalError
+from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
+
+ECHO = {"executor": {"use": "echo", "context_length": 64}}
+
+
+@pytest.fixture
+def echo(live: Any) -> Any:
+    return live(ECHO)
+
+
+def client(server: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_openai_client_chat_and_completions_streaming_and_not(echo: Any) -> None:
+    c = client(echo)
+    chat = c.chat.completions.create(model="echo", messages=[{"role": "user", "content": "one two three"}])
+    assert chat.choices[0].message.content == "one two three" and chat.choices[0].finish_reason == "stop"
+    assert (chat.usage.prompt_tokens, chat.usage.completion_tokens, chat.usage.total_tokens) == (3, 3, 6)
+    stream = c.chat.completions.create(model="echo", messages=[{"role": "user", "content": "a b c d"}], stream=True,
+                                       max_tokens=3, stream_options={"include_usage": True})
+    parts, usage, finish = [], None, None
+    for event in stream:
+        if event.choices:
+            parts.append(event.choices[0].delta.content or "")
+            finish = event.choices[0].finish_reason or finish
+        usage = event.usage or usage
+    assert "".join(parts) == "a b c" and finish == "length" and usage.completion_tokens == 3
+    completion = c.completions.create(model="echo", prompt="x y", max_tokens=5)
+    assert completion.choices[0].text == "x y" and completion.usage.prompt_tokens == 2
+    streamed = "".join(e.choices[0].text for e in c.completions.create(model="echo", prompt="p q r", stream=True)
+                       if e.choices)
+    assert streamed == "p q r"
+    assert [m.id for m in c.models.list()] == ["echo"]
+
+
+def test_request_id_header_and_health_endpoints(echo: Any) -> None:
+    response = httpx.post(f"{echo.url}/v1/completions", json={"model": "echo", "prompt": "hi"})
+    assert response.headers["x-request-id"].startswith("cmpl-") and response.json()["id"] == response.headers[
+        "x-request-id"]
+    assert httpx.get(f"{echo.url}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{echo.url}/ready").status_code == 200
+    metrics = httpx.get(f"{echo.url}/metrics").text
+    for name in ("lamina_requests_total", "lamina_time_to_first_token_seconds_bucket", "vllm:num_requests_waiting",
+                 "vllm:num_requests_running", "vllm:kv_cache_usage_perc", "lamina_e2e_request_latency_seconds_count",
+                 "lamina_generation_tokens_total"):
+        assert name in metrics, name
+
+
+CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(("path", "send", "status", "param"), [
+    ("chat/completions", {"content": b"{not json"}, 400, None),
+    ("chat/completions", {"json": {**CHAT, "temperature": "hot"}}, 400, "temperature"),
+    ("chat/completions", {"json": {**CHAT, "frobnicate": 1}}, 400, "frobnicate"),
+    ("chat/completions", {"json": {**CHAT, "model": "gpt-9"}}, 404, "model"),
+    ("chat/completions", {"json": {**CHAT, "messages": []}}, 400, "messages"),
+    ("chat/completions", {"json": {**CHAT, "messages": [{"role": "wizard", "content": "x"}]}}, 400,
+     "messages[0].role"),
+    ("chat/completions", {"json": {**CHAT, "n": 2}}, 400, "n"),
+    ("chat/completions", {"json": {**CHAT, "max_tokens": 0}}, 400, "max_tokens"),
+    ("completions", {"json": {"model": "echo", "prompt": "w " * 60, "max_tokens": 10}}, 400, "messages"),
+    ("completions", {"json": {"model": "echo", "prompt": ""}}, 400, "prompt"),
+    ("completions", {"content": b"x" * (2 << 20), "headers": {"content-type": "application/json"}}, 413, None),
+    ("completions", {"content": b"prompt=hi", "headers": {"content-type": "text/plain"}}, 415, None),
+    ("completions", {"json": {"model": "echo", "prompt": "x"}, "headers": {"accept": "application/x-nope"}}, 406,
+     None),
+])
+def test_bad_input_gets_the_right_status_and_an_openai_error_body(echo: Any, path: str, send: dict[str, Any],
+                                                                  status: int, param: str | None) -> None:
+    response = httpx.post(f"{echo.url}/v1/{path}", **send)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert error["param"] == param
+    assert httpx.post(f"{echo.url}/v1/chat/completions", json=CHAT).status_code == 200, "still serving"
+
+
+def test_unknown_routes_and_methods(echo: Any) -> None:
+    assert httpx.get(f"{echo.url}/v2/nothing").json()["error"]["type"] == "not_found_error"
+    assert httpx.get(f"{echo.url}/v1/completions").status_code == 405
+
+
+class Flaky:
+    """An executor that fails any request whose prompt says "boom", after one token."""
+
+    model = ModelInfo(id="flaky", context_length=100)
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def state(self) -> BackendState:
+        return BackendState(name="flaky", model="flaky")
+
+    async def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
+        yield TokenChunk(request_id=request.id, index=0, token_ids=(1,), text="ok")
+        if "boom" in (request.prompt or ""):
+            raise RuntimeError("device fell over")
+        await asyncio.sleep(0.05)
+        yield TokenChunk(request_id=request.id, index=1, finish_reason="stop", usage=None)
+
+    @hookimpl
+    def lamina_register_executors(self, register: Any) -> None:
+        register("flaky", lambda options, context: Flaky())
+
+
+def test_an_executor_failure_fails_only_that_request(live: Any) -> None:
+    server = live({"executor": {"use": "flaky"}}, ("flaky", Flaky()))
+    failed = httpx.post(f"{server.url}/v1/completions", json={"model": "flaky", "prompt": "boom"})
+    assert failed.status_code == 500 and failed.json()["error"]["type"] == "server_error"
+    streamed = httpx.post(f"{server.url}/v1/completions", json={"model": "flaky", "prompt": "boom", "stream": True})
+    assert streamed.status_code == 200 and b'"error"' in streamed.content and streamed.content.endswith(
+        b"data: [DONE]\n\n")
+    assert httpx.post(f"{server.url}/v1/completions", json={"model": "flaky", "prompt": "fine"}).status_code == 200
+    assert InternalError.http_status == 500

@@ -1,0 +1,144 @@
+"""Faults: fuzzed bodies, clients that hang up mid-stream, and draining on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import gguf
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from lamina_jax.testing import random_weights, tiny_config, tokenizer_metadata, write_gguf
+from starlette.testclient import TestClient
+
+from lamina.plugins import load_plugins
+from lamina.server.http import Server
+from lamina.stack import Stack
+from lamina.stack_config import StackConfig
+
+KEYS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+        "seed", "stop", "n", "stream", "stream_options", "logprobs", "top_logprobs", "user", "echo", "tools",
+        "presence_penalty", "ignore_eos", "stop_token_ids", "surprise"]
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20) | st.integers(0, 300)
+    | st.sampled_from(["echo", "user", "assistant", "wizard", ""]),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["role", "content", "type", "text", "include_usage", "x"]), inner, max_size=4),
+    max_leaves=12)
+messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "wizard"]) | json_values,
+                                           "content": st.text(max_size=30) | json_values}), max_size=3)
+bodies = st.fixed_dictionaries(
+    {"model": st.just("echo") | json_values},
+    optional={**{key: json_values for key in KEYS[1:]}, "messages": messages | json_values,
+              "prompt": st.text(max_size=40) | st.lists(st.integers(-5, 60_000), max_size=5) | json_values},
+) | json_values
+
+
+@pytest.fixture(scope="module")
+def echo_client() -> Any:
+    plugins = load_plugins()
+    stack = Stack(StackConfig.from_dict({"executor": {"use": "echo", "context_length": 64}}, plugins.registry),
+                  plugins)
+    with TestClient(Server(stack).app()) as client:
+        asyncio.run(stack.start())
+        yield client
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=bodies, chat=st.booleans())
+def test_fuzzed_bodies_never_get_a_5xx(echo_client: TestClient, body: Any, chat: bool) -> None:
+    response = echo_client.post("/v1/chat/completions" if chat else "/v1/completions", json=body)
+    assert response.status_code < 500, (body, response.text)
+    if response.status_code >= 400:
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    metadata = tokenizer_metadata()
+    config = tiny_config(vocab_size=len(metadata["tokenizer.ggml.tokens"]))
+    path = tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf"
+    write_gguf(path, config, random_weights(config, seed=1), gguf.GGMLQuantizationType.F32, metadata)
+    return path
+
+
+def test_200_streams_cut_off_mid_way_free_every_kv_block(live: Any, tiny_model: Path) -> None:
+    server = live({"executor": {"use": "jax", "model": str(tiny_model), "max_model_len": 256, "kv_cache_mb": 1}})
+    executor = server.stack.backends["local"]
+    body = {"model": "tiny-llama", "prompt": "in the a b c", "max_tokens": 200, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+
+    async def cut_one(client: httpx.AsyncClient) -> None:
+        async with client.stream("POST", f"{server.url}/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            async for _ in response.aiter_bytes():
+                break  # hang up after the first bytes
+
+    async def cut_all() -> int:
+        async with httpx.AsyncClient(timeout=60) as client:
+            busy = 0
+            for _ in range(10):
+                await asyncio.gather(*(cut_one(client) for _ in range(20)))
+                busy = max(busy, executor.state().kv_blocks_used)
+            return busy
+
+    busy = asyncio.run(cut_all())
+    deadline = time.monotonic() + 30
+    while (state := executor.state()).kv_blocks_used or state.outstanding_requests or state.queue_depth:
+        assert time.monotonic() < deadline, state
+        time.sleep(0.05)
+    assert busy > 0, "streams were running when they were cut"
+    assert executor.engine.scheduler.running == [] and not executor.engine.scheduler.waiting
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_drains_in_flight_streams_then_exits_zero(tmp_path: Path) -> None:
+    stack = tmp_path / "slow-echo.toml"
+    stack.write_text('[executor]\nuse = "echo"\ntoken_delay_s = 0.2\n[server]\ndrain_timeout_s = 20\n')
+    port = _free_port()
+    log = (tmp_path / "serve.log").open("wb")
+    process = subprocess.Popen([sys.executable, "-m", "lamina.cli", "serve", str(stack), "--port", str(port)],
+                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and process.poll() is None, "server did not start"
+            time.sleep(0.1)
+        words = " ".join(f"w{i}" for i in range(10))  # 10 tokens x 0.2 s: about 2 s
+        with httpx.stream("POST", f"{url}/v1/completions", timeout=30,
+                          json={"model": "echo", "prompt": words, "max_tokens": 10, "stream": True}) as response:
+            chunks = response.iter_bytes()
+            first = next(chunks)
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+            refused = httpx.post(f"{url}/v1/completions", json={"model": "echo", "prompt": "late"})
+            rest = b"".join(chunks)
+        assert b"w0" in first and rest.endswith(b"data: [DONE]\n\n") and b"w9" in rest, "the stream ran to its end"
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
