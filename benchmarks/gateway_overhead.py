@@ -1,0 +1,179 @@
+"""What Lamina's gateway costs: streamed tokens through the HTTP API vs a bare ASGI endpoint.
+
+Lamina serves a stack whose ``echo`` executor emits tokens as fast as it can (no model), so
+everything measured is the framework: admission, routing, lifecycle hooks, codec, HTTP. A
+bare Starlette/uvicorn app in its own process streams the very same SSE bytes with no
+Lamina logic. Both are driven by the same client in alternating rounds (A B A B ...), at 1,
+16 and 64 concurrent streams, and the script prints aggregate streamed tokens/s, requests/s
+and the p50/p99 latency per token (a request's time from sending to its last byte, divided
+by its tokens) for each, with the ratio Lamina/bare and the latency Lamina adds per token.
+
+    uv run python benchmarks/gateway_overhead.py            # 3 rounds, 1/16/64 streams
+    uv run python benchmarks/gateway_overhead.py --quick    # 1 round, 1/16 streams
+    uv run python benchmarks/gateway_overhead.py --json     # last stdout line: one JSON object
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from tqdm import tqdm
+
+TOKENS = 64
+PROMPT = " ".join(f"w{i}" for i in range(TOKENS))
+BODY = {"model": "echo", "prompt": PROMPT, "max_tokens": TOKENS, "stream": True}
+
+BARE_APP = '''
+import os
+from starlette.applications import Starlette
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+
+EVENTS = open(os.environ["BARE_EVENTS_FILE"], "rb").read().split(b"\\n\\n")[:-1]
+
+async def stream(request):
+    await request.body()
+    async def events():
+        for event in EVENTS:
+            yield event + b"\\n\\n"
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+app = Starlette(routes=[Route("/v1/completions", stream, methods=["POST"])])
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server {url} exited with {process.returncode}")
+        try:
+            httpx.post(f"{url}/v1/completions", json={**BODY, "stream": False}, timeout=5)
+            return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise RuntimeError(f"server {url} did not start")
+
+
+async def one_stream(client: httpx.AsyncClient, url: str, per_token: list[float]) -> int:
+    tokens = -1  # the finish event carries no token
+    start = time.perf_counter()
+    async with client.stream("POST", f"{url}/v1/completions", json=BODY) as response:
+        async for line in response.aiter_lines():
+            tokens += line.startswith("data: {")
+    per_token.append((time.perf_counter() - start) / tokens)
+    return tokens
+
+
+async def run_level(url: str, concurrency: int, requests: int) -> dict[str, float]:
+    per_token: list[float] = []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        queue = list(range(requests))
+
+        async def worker() -> int:
+            done = 0
+            while queue:
+                queue.pop()
+                done += await one_stream(client, url, per_token)
+            return done
+
+        start = time.perf_counter()
+        tokens = sum(await asyncio.gather(*(worker() for _ in range(concurrency))))
+        elapsed = time.perf_counter() - start
+    per_token.sort()
+    return {"tokens_per_s": tokens / elapsed, "requests_per_s": requests / elapsed,
+            "token_p50_ms": 1000 * per_token[len(per_token) // 2],
+            "token_p99_ms": 1000 * per_token[int(len(per_token) * 0.99)]}
+
+
+def start_servers(workdir: Path) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
+    stack = workdir / "echo.toml"
+    stack.write_text('[stack]\nname = "overhead"\n[executor]\nuse = "echo"\n')
+    lamina_port, bare_port = free_port(), free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log = (workdir / "servers.log").open("wb")
+    lamina = subprocess.Popen([sys.executable, "-m", "lamina.cli", "serve", str(stack), "--port", str(lamina_port)],
+                              stdout=log, stderr=subprocess.STDOUT, env=env)
+    urls = {"lamina": f"http://127.0.0.1:{lamina_port}"}
+    wait_ready(urls["lamina"], lamina)
+    events = httpx.post(f"{urls['lamina']}/v1/completions", json=BODY, timeout=30).content
+    (workdir / "events.sse").write_bytes(events)
+    (workdir / "bare_app.py").write_text(BARE_APP)
+    bare = subprocess.Popen([sys.executable, "-m", "uvicorn", "--app-dir", str(workdir), "bare_app:app",
+                             "--port", str(bare_port), "--log-level", "warning", "--no-access-log"],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
+                            env={**env, "BARE_EVENTS_FILE": str(workdir / "events.sse")})
+    urls["bare"] = f"http://127.0.0.1:{bare_port}"
+    return urls, [lamina, bare]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 round at 1 and 16 streams")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--rounds", type=int, help="alternating rounds per level (default 3, quick 1)")
+    args = parser.parse_args()
+    levels = [1, 16] if args.quick else [1, 16, 64]
+    rounds = args.rounds or (1 if args.quick else 3)
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        urls, processes = start_servers(workdir)
+        try:
+            wait_ready(urls["bare"], processes[1])
+            results: dict[str, dict[str, list[dict[str, float]]]] = {name: {} for name in urls}
+            steps = tqdm(total=len(levels) * rounds * 2, desc="rounds", file=sys.stderr)
+            for concurrency in levels:
+                requests = max(100, concurrency * 6) if args.quick else max(300, concurrency * 10)
+                for name in urls:  # warm-up, untimed
+                    asyncio.run(run_level(urls[name], concurrency, concurrency))
+                for _ in range(rounds):
+                    for name in urls:
+                        results[name].setdefault(str(concurrency), []).append(
+                            asyncio.run(run_level(urls[name], concurrency, requests)))
+                        steps.update()
+            steps.close()
+        finally:
+            for process in processes:
+                process.terminate()
+                process.wait(timeout=30)
+    summary: dict[str, object] = {"tokens_per_request": TOKENS, "rounds": rounds, "levels": {}}
+    print(f"{'streams':>7} {'server':>7} {'tok/s':>9} {'req/s':>8} {'ms/token p50':>13} {'ms/token p99':>13}")
+    for concurrency in levels:
+        level: dict[str, dict[str, float]] = {}
+        for name in urls:
+            runs = results[name][str(concurrency)]
+            level[name] = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+            row = level[name]
+            print(f"{concurrency:>7} {name:>7} {row['tokens_per_s']:>9.0f} {row['requests_per_s']:>8.1f} "
+                  f"{row['token_p50_ms']:>13.3f} {row['token_p99_ms']:>13.3f}")
+        ratio = level["lamina"]["tokens_per_s"] / level["bare"]["tokens_per_s"]
+        added = level["lamina"]["token_p50_ms"] - level["bare"]["token_p50_ms"]
+        added99 = level["lamina"]["token_p99_ms"] - level["bare"]["token_p99_ms"]
+        print(f"{'':>7} {'ratio':>7} {ratio:>9.2f}   lamina/bare tokens/s; added per token p50 {added:.3f} ms, "
+              f"p99 {added99:.3f} ms")
+        summary["levels"][str(concurrency)] = {**level, "lamina_over_bare_tokens_per_s": ratio,  # type: ignore[index]
+                                               "added_ms_per_token_p50": added, "added_ms_per_token_p99": added99}
+    if args.json:
+        print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
