@@ -23,7 +23,7 @@ Prompts are random token ids, different in every round, so no prefix cache can s
 Run::
 
     uv run python benchmarks/executor_throughput.py            # full: 5 rounds, 1/8/16/32 streams
-    uv run python benchmarks/executor_throughput.py --quick    # 2 rounds, 1/8 streams, 32 tokens
+    uv run python benchmarks/executor_throughput.py --quick    # 2 rounds, 1/8/16 streams, 32 tokens
     uv run python benchmarks/executor_throughput.py --quick --json   # last stdout line: one JSON object
 
 Progress goes to stderr. Other jobs on the machine skew the figures: compare within one run.
@@ -202,7 +202,7 @@ def peak_rss_bytes() -> int:
 
 
 async def run(args: argparse.Namespace) -> dict:
-    levels = [1, 8] if args.quick else [1, 8, 16, 32]
+    levels = [1, 8, 16] if args.quick else [1, 8, 16, 32]
     max_tokens = 32 if args.quick else 128
     rounds = args.rounds or (2 if args.quick else 5)
     executor = JaxExecutor(JaxOptions(weights_dtype=args.weights_dtype, max_batch=max(32, *levels)))
@@ -295,7 +295,7 @@ def print_report(r: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 rounds, 1 and 8 streams, 32 new tokens")
+    parser.add_argument("--quick", action="store_true", help="2 rounds, 1, 8 and 16 streams, 32 new tokens")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per figure (default 5, quick 2)")
     parser.add_argument("--weights-dtype", choices=["float32", "bfloat16"], default="float32")

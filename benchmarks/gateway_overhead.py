@@ -106,7 +106,7 @@ async def run_level(url: str, concurrency: int, requests: int) -> dict[str, floa
 
 def start_servers(workdir: Path) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
     stack = workdir / "echo.toml"
-    stack.write_text('[stack]\nname = "overhead"\n[executor]\nuse = "echo"\n')
+    stack.write_text('[stack]\nname = "overhead"\n[executor]\nuse = "echo"\n[server]\ngrpc = false\n')
     lamina_port, bare_port = free_port(), free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log = (workdir / "servers.log").open("wb")

@@ -109,7 +109,7 @@ def _free_port() -> int:
 
 def test_sigterm_drains_in_flight_streams_then_exits_zero(tmp_path: Path) -> None:
     stack = tmp_path / "slow-echo.toml"
-    stack.write_text('[executor]\nuse = "echo"\ntoken_delay_s = 0.2\n[server]\ndrain_timeout_s = 20\n')
+    stack.write_text('[executor]\nuse = "echo"\ntoken_delay_s = 0.2\n[server]\ndrain_timeout_s = 20\ngrpc_port = 0\n')
     port = _free_port()
     log = (tmp_path / "serve.log").open("wb")
     process = subprocess.Popen([sys.executable, "-m", "lamina.cli", "serve", str(stack), "--port", str(port)],

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+import attrs
 from collections.abc import Sequence
 
 from lamina_hookspecs.errors import ConfigError
@@ -75,12 +77,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         config = (StackConfig.from_toml(args.stack, plugins.registry) if args.stack
                   else StackConfig.from_dict({}, plugins.registry))
-        stack = Stack(config, plugins)
+        overrides = {key: value for key, value in
+                     (("host", args.host), ("port", args.port), ("grpc_port", args.grpc_port)) if value is not None}
+        stack = Stack(attrs.evolve(config, server=attrs.evolve(config.server, **overrides)), plugins)
     except ConfigError as exc:
         print(f"error: {args.stack or 'default stack'}: {exc}", file=sys.stderr)
         return 1
-    return serve(stack, host=args.host or config.server.host,
-                 port=config.server.port if args.port is None else args.port)
+    return serve(stack)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve a stack over the OpenAI-compatible HTTP API")
     serve.add_argument("stack", nargs="?", help="stack file (default: the built-in default stack)")
     serve.add_argument("--host", help="address to bind (overrides server.host; default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (overrides server.port; default 8000)")
+    serve.add_argument("--port", type=int, help="HTTP port (overrides server.port; default 8000)")
+    serve.add_argument("--grpc-port", type=int, help="gRPC port (overrides server.grpc_port; default 50051)")
     serve.set_defaults(func=_cmd_serve)
     return parser
 

@@ -76,6 +76,12 @@ class ServerConfig:
         validator=[attrs.validators.ge(0), attrs.validators.le(65535)],
         metadata={"help": "HTTP port (0 picks a free one)"},
     )
+    grpc: bool = attrs.field(default=True, metadata={"help": "also serve the gRPC API (lamina.v1.Inference)"})
+    grpc_port: int = attrs.field(
+        default=50051,
+        validator=[attrs.validators.ge(0), attrs.validators.le(65535)],
+        metadata={"help": "gRPC port (0 picks a free one)"},
+    )
     drain_timeout_s: float = attrs.field(
         default=30.0, validator=attrs.validators.ge(0.0),
         metadata={"help": "on SIGTERM, how long in-flight requests may run before the server exits"},

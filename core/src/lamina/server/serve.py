@@ -1,9 +1,11 @@
-"""``lamina serve``: build a stack, load its model in the background, serve HTTP with uvicorn.
+"""``lamina serve``: build a stack, load its model in the background, serve HTTP and gRPC.
 
-The listener starts at once so that ``/health`` answers while the model loads; ``/ready``
-turns 200 when every executor has started. SIGTERM (or Ctrl-C) drains: new requests get
-503, in-flight streams run to completion for up to ``server.drain_timeout_s``, then the
-process stops the stack and exits 0. A second signal exits at once.
+One asyncio loop runs uvicorn (HTTP) and ``grpc.aio`` (gRPC). The listeners start at once
+so that ``/health`` answers while the model loads; ``/ready`` (and the gRPC health service)
+turn ready when every executor has started. SIGTERM (or Ctrl-C) drains: new requests get
+503 / UNAVAILABLE, in-flight streams run to completion for up to
+``server.drain_timeout_s``, then the process stops the stack and exits 0. A second signal
+exits at once.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import structlog
 import uvicorn
 from starlette.applications import Starlette
 
+from lamina.server.grpc_service import InferenceService, start_grpc
 from lamina.server.http import Server
 from lamina.stack import Stack
 
@@ -28,9 +31,10 @@ log = structlog.get_logger(__name__)
 class _DrainingServer(uvicorn.Server):
     """uvicorn, with a first SIGTERM that drains instead of closing connections."""
 
-    def __init__(self, config: uvicorn.Config, http: Server, drain_timeout_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, http: Server, grpc: InferenceService | None,
+                 drain_timeout_s: float) -> None:
         super().__init__(config)
-        self.http, self.drain_timeout_s = http, drain_timeout_s
+        self.http, self.grpc, self.drain_timeout_s = http, grpc, drain_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def serve(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
@@ -44,12 +48,17 @@ class _DrainingServer(uvicorn.Server):
         self.http.draining = True
         self._loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self._drain()))
 
+    def _in_flight(self) -> int:
+        return self.http.in_flight + (self.grpc.in_flight if self.grpc else 0)
+
     async def _drain(self) -> None:
         deadline = time.monotonic() + self.drain_timeout_s
-        log.info("draining", in_flight=self.http.in_flight, timeout_s=self.drain_timeout_s)
-        while self.http.in_flight and time.monotonic() < deadline:
+        log.info("draining", in_flight=self._in_flight(), timeout_s=self.drain_timeout_s)
+        if self.grpc is not None:
+            await self.grpc.drain()
+        while self._in_flight() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        log.info("drained", abandoned=self.http.in_flight)
+        log.info("drained", abandoned=self._in_flight())
         self.should_exit = True
 
 
@@ -57,9 +66,11 @@ def _say(message: str) -> None:
     print(f"lamina: {message}", file=sys.stderr, flush=True)
 
 
-def build_app(stack: Stack, http: Server) -> Starlette:
-    """The ASGI app, whose lifespan starts the stack in the background and stops it at exit."""
+def build_app(stack: Stack, http: Server, grpc: InferenceService | None = None) -> Starlette:
+    """The ASGI app, whose lifespan starts the stack in the background (and the gRPC server,
+    when given) and stops them at exit."""
     app = http.app()
+    settings = stack.config.server
 
     async def start() -> None:
         began = time.monotonic()
@@ -74,25 +85,33 @@ def build_app(stack: Stack, http: Server) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        grpc_server = None
+        if grpc is not None:
+            grpc_server, port = await start_grpc(grpc, settings.host, settings.grpc_port)
+            _say(f"gRPC lamina.v1.Inference on {settings.host}:{port}")
         task = asyncio.create_task(start())
         yield
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        if grpc_server is not None:
+            await grpc_server.stop(grace=1.0)
         await stack.stop()
 
     app.router.lifespan_context = lifespan
     return app
 
 
-def serve(stack: Stack, *, host: str, port: int) -> int:
-    """Serve ``stack`` until SIGTERM/SIGINT; returns the exit status."""
+def serve(stack: Stack) -> int:
+    """Serve ``stack`` as its ``[server]`` settings say until SIGTERM/SIGINT; returns the exit status."""
     settings = stack.config.server
+    host, port = settings.host, settings.port
     http = Server(stack, max_body_bytes=settings.max_body_bytes)
-    app = build_app(stack, http)
+    grpc = InferenceService(stack) if settings.grpc else None
+    app = build_app(stack, http, grpc)
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
                             timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)))
-    server = _DrainingServer(config, http, settings.drain_timeout_s)
+    server = _DrainingServer(config, http, grpc, settings.drain_timeout_s)
     _say(f"stack '{stack.config.meta.name}': {stack.info.components}")
     _say(f"listening on http://{host}:{port} (loading the model; /ready turns 200 when it is loaded)")
     server.run()

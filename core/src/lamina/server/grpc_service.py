@@ -1,0 +1,243 @@
+"""The gRPC API (``lamina.v1.Inference``, see ``core/proto/``) on ``grpc.aio``, beside the HTTP API.
+
+Each ``Generate`` runs through :func:`lamina.pipeline.run_request` as an HTTP request does.
+The proto request is first written as the OpenAI body it stands for (``/v1/completions``
+for a text or token-id prompt, ``/v1/chat/completions`` for a chat), so admission plugins
+see the same body and :mod:`lamina.server.openai_api` validates it with the same rules and
+messages. A :class:`LaminaError` ends the call with the status its ``grpc_code`` names,
+and with a ``retry-after`` trailer when it has one; after tokens were sent, the stream
+simply ends with that status. The request id goes out in the initial metadata
+(``x-request-id``) and in every chunk.
+
+Stopping a request early: a client that cancels (or whose deadline passes) gets its handler
+cancelled by grpc, which closes the pipeline and so frees the request's KV cache.
+``Abort(request_id)`` cancels the handler too, but only while it waits for the pipeline's
+next chunk, never half-way through a write; the stream then ends normally with a final
+chunk whose ``finish_reason`` is ``"abort"`` (no usage), so the caller keeps what it got and
+can tell an abort from a broken connection.
+
+The standard health service answers SERVING while every executor is healthy (checked every
+second) and NOT_SERVING for good once :meth:`InferenceService.drain` is called; new
+``Generate`` calls then get UNAVAILABLE while running ones finish. Server reflection lists
+the three services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from lamina_hookspecs.errors import InvalidRequestError, LaminaError, NotFoundError, ServiceUnavailableError
+from lamina_hookspecs.types import RequestContext, TokenChunk
+from lamina.pipeline import run_request
+from lamina.server.openai_api import parse_chat, parse_completion
+from lamina.server.proto.lamina.v1 import inference_pb2 as pb
+from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
+from lamina.stack import Stack
+
+SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Inference"].full_name
+HEALTH_POLL_S = 1.0
+MAX_REQUEST_ID_CHARS = 128
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class RequestIdInUseError(InvalidRequestError):
+    """A ``Generate`` names the id of a request still running (gRPC ALREADY_EXISTS)."""
+
+    http_status = 409
+    grpc_code = "ALREADY_EXISTS"
+
+
+def openai_body(request: pb.GenerateRequest) -> tuple[str, dict[str, Any]]:
+    """The endpoint (``completion`` or ``chat``) and the OpenAI request body ``request`` stands for.
+
+    Optional fields left unset are left out, so the OpenAI parsers apply their defaults.
+    """
+    sampling = request.sampling
+    body: dict[str, Any] = {"model": request.model, "stream": True, "top_k": sampling.top_k,
+                            "stop_token_ids": list(sampling.stop_token_ids), "ignore_eos": sampling.ignore_eos}
+    body.update({key: getattr(sampling, key) for key in ("max_tokens", "temperature", "top_p", "seed")
+                 if sampling.HasField(key)})
+    if sampling.stop:
+        body["stop"] = list(sampling.stop)
+    if request.user:
+        body["user"] = request.user
+    prompt = request.WhichOneof("prompt")
+    if prompt == "chat":
+        body["messages"] = [{"role": m.role, "content": m.content} for m in request.chat.messages]
+        body.update(logprobs=sampling.logprobs, top_logprobs=sampling.top_logprobs)
+        return "chat", body
+    if prompt is not None:
+        body["prompt"] = request.text if prompt == "text" else list(request.token_ids.ids)
+    if sampling.logprobs:
+        body["logprobs"] = sampling.top_logprobs
+    elif sampling.top_logprobs:
+        raise InvalidRequestError("top_logprobs: needs logprobs = true", param="top_logprobs")
+    return "completion", body
+
+
+def to_proto(request_id: str, chunk: TokenChunk) -> pb.GenerateChunk:
+    """One pipeline chunk as a ``GenerateChunk``."""
+    usage = chunk.usage
+    return pb.GenerateChunk(
+        request_id=request_id, index=chunk.index, token_ids=chunk.token_ids, text=chunk.text,
+        logprobs=chunk.logprobs or (),
+        top_logprobs=[pb.TopLogprobs(alternatives=[pb.TopLogprob(token_id=a.token_id, text=a.text, logprob=a.logprob)
+                                                   for a in alternatives])
+                      for alternatives in chunk.top_logprobs or ()],
+        finish_reason=chunk.finish_reason or "",
+        usage=None if usage is None else pb.Usage(prompt_tokens=usage.prompt_tokens,
+                                                  completion_tokens=usage.completion_tokens,
+                                                  cached_tokens=usage.cached_tokens))
+
+
+async def _fail(context: Context, error: LaminaError) -> NoReturn:
+    trailers = () if error.retry_after is None else (("retry-after", str(max(1, round(error.retry_after)))),)
+    await context.abort(grpc.StatusCode[error.grpc_code], error.message, trailing_metadata=trailers)
+
+
+class _Flight:
+    """A running ``Generate``: what ``Abort`` needs to stop it between two writes."""
+
+    def __init__(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+        self.aborted = False
+        self._waiting = False  # on the pipeline: the one place a cancel may land
+        self._cancelled = False
+
+    def abort(self) -> None:
+        if self._waiting and not self._cancelled:
+            self._cancelled = True
+            self.task.cancel()
+        self.aborted = True
+
+    async def next(self, chunks: AsyncIterator[TokenChunk]) -> TokenChunk | None:
+        """The pipeline's next chunk; ``None`` at its end or once aborted."""
+        if self.aborted:
+            return None
+        self._waiting = True
+        try:
+            return await anext(chunks)
+        except StopAsyncIteration:
+            return None
+        except asyncio.CancelledError:
+            if not self._cancelled or self.task.uncancel():
+                raise  # the client cancelled (too)
+            return None
+        finally:
+            self._waiting = False
+
+
+class InferenceService(pb_grpc.InferenceServicer):
+    """The ``lamina.v1.Inference`` servicer over one stack, with its health service."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.health = health.aio.HealthServicer()
+        self.draining = False
+        self._flights: dict[str, _Flight] = {}
+        self._health_status: int | None = None
+        self._health_task: asyncio.Task[None] | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Generate calls now running."""
+        return len(self._flights)
+
+    async def watch_health(self) -> None:
+        """Report the executors' health now, then keep it in step (every second) until :meth:`drain`."""
+        await self._report_health()
+        self._health_task = asyncio.create_task(self._poll_health())
+
+    async def _report_health(self) -> None:
+        healthy = all(executor.state().healthy for executor in self.stack.backends.values())
+        status = health_pb2.HealthCheckResponse.SERVING if healthy else health_pb2.HealthCheckResponse.NOT_SERVING
+        if status != self._health_status:
+            self._health_status = status
+            for service in (health.OVERALL_HEALTH, SERVICE_NAME):
+                await self.health.set(service, status)
+
+    async def _poll_health(self) -> None:
+        while True:
+            await asyncio.sleep(HEALTH_POLL_S)
+            await self._report_health()
+
+    async def drain(self) -> None:
+        """Report NOT_SERVING from now on and refuse new requests; running ones continue."""
+        self.draining = True
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        await self.health.enter_graceful_shutdown()
+
+    def _check_new(self, request_id: str) -> None:
+        if not (len(request_id) <= MAX_REQUEST_ID_CHARS and request_id.isascii() and request_id.isprintable()):
+            raise InvalidRequestError(f"request_id: must be at most {MAX_REQUEST_ID_CHARS} printable ASCII "
+                                      "characters", param="request_id")
+        if request_id in self._flights:
+            raise RequestIdInUseError(f"request_id: {request_id!r} is already running", param="request_id")
+        if self.draining:
+            raise ServiceUnavailableError("the server is shutting down", code="draining", retry_after=5)
+
+    async def Generate(self, request: pb.GenerateRequest, context: Context) -> None:  # noqa: N802
+        request_id = request.request_id or f"gen-{uuid.uuid4().hex}"
+        try:
+            self._check_new(request_id)
+        except LaminaError as error:
+            await _fail(context, error)
+        flight = self._flights[request_id] = _Flight()
+        index, final = 0, False
+        try:
+            await context.send_initial_metadata((("x-request-id", request_id),))
+            kind, body = openai_body(request)
+            ctx = RequestContext(request_id=request_id, endpoint=kind)
+            parse = parse_chat if kind == "chat" else parse_completion
+            chunks = run_request(self.stack, ctx, body, lambda b: parse(b, request_id, ctx.tenant))
+            async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+                while (chunk := await flight.next(chunks)) is not None:
+                    await context.write(to_proto(request_id, chunk))
+                    index, final = chunk.index + len(chunk.token_ids), chunk.is_final
+        except LaminaError as error:
+            await _fail(context, error)
+        finally:
+            del self._flights[request_id]
+        if flight.aborted and not final:
+            await context.write(pb.GenerateChunk(request_id=request_id, index=index, finish_reason="abort"))
+
+    async def Abort(self, request: pb.AbortRequest, context: Context) -> pb.AbortReply:  # noqa: N802
+        flight = self._flights.get(request.request_id)
+        if flight is None:
+            await _fail(context, NotFoundError(f"no running request {request.request_id!r}", param="request_id"))
+        flight.abort()
+        return pb.AbortReply()
+
+    async def ListModels(self, request: pb.ListModelsRequest, context: Context) -> pb.ListModelsReply:  # noqa: N802
+        models = {executor.model.id: executor.model for executor in self.stack.backends.values()}
+        return pb.ListModelsReply(models=[pb.ModelInfo(id=m.id, context_length=m.context_length, owned_by=m.owned_by)
+                                          for m in models.values()])
+
+
+async def start_grpc(service: InferenceService, host: str, port: int) -> tuple[grpc.aio.Server, int]:
+    """Serve ``service``, health and reflection on ``host:port`` (0: any free port); returns the
+    started server and the port it bound. To shut down: ``await service.drain()``, wait for
+    ``service.in_flight`` to reach 0, then ``await server.stop(grace)``.
+    """
+    server = grpc.aio.server()
+    pb_grpc.add_InferenceServicer_to_server(service, server)
+    health_pb2_grpc.add_HealthServicer_to_server(service.health, server)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    bound = server.add_insecure_port(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    await server.start()
+    await service.watch_health()
+    return server, bound

@@ -1,0 +1,259 @@
+"""The gRPC API (``lamina.v1.Inference``) on a loopback server (echo executor), with a ``grpc.aio`` client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from lamina.plugins import load_plugins
+from lamina.server import grpc_service
+from lamina.server.grpc_service import InferenceService, start_grpc
+from lamina.server.proto.lamina.v1 import inference_pb2 as pb
+from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
+from lamina.stack import Stack
+from lamina.stack_config import StackConfig
+from lamina_hookspecs import hookimpl
+from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
+
+ECHO = {"executor": {"use": "echo", "context_length": 64}}
+SLOW = {"executor": {"use": "echo", "context_length": 64, "token_delay_s": 0.05}}
+WORDS = " ".join(f"w{i}" for i in range(30))
+
+
+class Live:
+    """A started stack served over gRPC on a free loopback port, and a channel to it."""
+
+    def __init__(self, stack: Stack, service: InferenceService, channel: grpc.aio.Channel) -> None:
+        self.stack, self.service, self.channel = stack, service, channel
+        self.stub = pb_grpc.InferenceStub(channel)
+
+    def running(self) -> int:
+        """Requests the executors hold (and so their KV cache)."""
+        return sum(executor.state().outstanding_requests for executor in self.stack.backends.values())
+
+    async def settled(self) -> None:
+        """Wait until no request is held anywhere."""
+        deadline = time.monotonic() + 2
+        while self.running() or self.service.in_flight:
+            assert time.monotonic() < deadline, (self.running(), self.service.in_flight)
+            await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def serving(config: dict[str, Any], *extra: tuple[str, object]) -> AsyncIterator[Live]:
+    plugins = load_plugins(extra=extra)
+    stack = Stack(StackConfig.from_dict(config, plugins.registry), plugins)
+    await stack.start()
+    service = InferenceService(stack)
+    server, port = await start_grpc(service, "127.0.0.1", 0)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield Live(stack, service, channel)
+    finally:
+        await service.drain()
+        await server.stop(None)
+        await stack.stop()
+
+
+def run(config: dict[str, Any], scenario: Callable[[Live], Awaitable[None]], *extra: tuple[str, object]) -> None:
+    async def main() -> None:
+        async with serving(config, *extra) as live:
+            await scenario(live)
+
+    asyncio.run(main())
+
+
+async def read_rest(call: Any) -> list[pb.GenerateChunk]:
+    """The chunks of a call read with ``read()`` (it cannot be iterated then)."""
+    chunks = []
+    while (chunk := await call.read()) is not grpc.aio.EOF:
+        chunks.append(chunk)
+    return chunks
+
+
+def text(prompt: str, **sampling: Any) -> pb.GenerateRequest:
+    return pb.GenerateRequest(model="echo", text=prompt, sampling=pb.SamplingParams(**sampling))
+
+
+def test_generate_streams_tokens_and_ends_with_usage() -> None:
+    async def scenario(live: Live) -> None:
+        call = live.stub.Generate(text("one two three"))
+        request_id = dict(await call.initial_metadata())["x-request-id"]
+        chunks = [chunk async for chunk in call]
+        assert [c.text for c in chunks] == ["one", " two", " three", ""]
+        assert [c.index for c in chunks] == [0, 1, 2, 3] and all(len(c.token_ids) == 1 for c in chunks[:3])
+        assert {c.request_id for c in chunks} == {request_id} and request_id.startswith("gen-")
+        final = chunks[-1]
+        assert final.finish_reason == "stop" and all(not c.finish_reason for c in chunks[:-1])
+        assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (3, 3)
+        assert not any(c.HasField("usage") for c in chunks[:-1])
+
+        chunks = [c async for c in live.stub.Generate(text("a b c d", max_tokens=2, stop=["zzz"]))]
+        assert "".join(c.text for c in chunks) == "a b" and chunks[-1].finish_reason == "length"
+        chat = pb.GenerateRequest(request_id="mine-1", model="echo", chat=pb.Chat(messages=[
+            pb.ChatMessage(role="system", content="be brief"), pb.ChatMessage(role="user", content="hi there")]))
+        chunks = [c async for c in live.stub.Generate(chat)]
+        assert "".join(c.text for c in chunks) == "hi there" and {c.request_id for c in chunks} == {"mine-1"}
+        ids = pb.GenerateRequest(model="echo", token_ids=pb.TokenIds(ids=[5, 7]))
+        chunks = [c async for c in live.stub.Generate(ids)]
+        assert "".join(c.text for c in chunks) == " <5> <7>" and chunks[-1].usage.prompt_tokens == 2
+        await live.settled()
+
+    run(ECHO, scenario)
+
+
+BAD = [
+    (pb.GenerateRequest(model="gpt-9", text="hi"), grpc.StatusCode.NOT_FOUND, "gpt-9"),
+    (pb.GenerateRequest(model="", text="hi"), grpc.StatusCode.INVALID_ARGUMENT, "model"),
+    (text(""), grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
+    (pb.GenerateRequest(model="echo"), grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
+    (pb.GenerateRequest(model="echo", token_ids=pb.TokenIds()), grpc.StatusCode.INVALID_ARGUMENT, "prompt"),
+    (pb.GenerateRequest(model="echo", chat=pb.Chat()), grpc.StatusCode.INVALID_ARGUMENT, "messages"),
+    (pb.GenerateRequest(model="echo", chat=pb.Chat(messages=[pb.ChatMessage(role="wizard", content="x")])),
+     grpc.StatusCode.INVALID_ARGUMENT, "messages[0].role"),
+    (text("hi", max_tokens=0), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),
+    (text("hi", temperature=2.5), grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
+    (text("hi", top_p=0), grpc.StatusCode.INVALID_ARGUMENT, "top_p"),
+    (text("hi", stop=["a", "b", "c", "d", "e"]), grpc.StatusCode.INVALID_ARGUMENT, "stop"),
+    (text("hi", top_logprobs=3), grpc.StatusCode.INVALID_ARGUMENT, "top_logprobs"),
+    (text("w " * 60, max_tokens=10), grpc.StatusCode.INVALID_ARGUMENT, "context length"),
+    (pb.GenerateRequest(request_id="bad id\n", model="echo", text="hi"), grpc.StatusCode.INVALID_ARGUMENT,
+     "request_id"),
+]
+
+
+def test_bad_input_gets_the_status_of_its_error() -> None:
+    async def scenario(live: Live) -> None:
+        for request, code, mentions in BAD:
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                [c async for c in live.stub.Generate(request)]
+            assert caught.value.code() == code, (request, caught.value)
+            assert mentions in (caught.value.details() or ""), (request, caught.value.details())
+        assert [c.text async for c in live.stub.Generate(text("still ok"))][-2] == " ok"
+        await live.settled()
+
+    run(ECHO, scenario)
+
+
+def test_list_models_health_reflection_and_drain() -> None:
+    async def scenario(live: Live) -> None:
+        models = await live.stub.ListModels(pb.ListModelsRequest())
+        assert [(m.id, m.context_length, m.owned_by) for m in models.models] == [("echo", 64, "lamina")]
+
+        health = health_pb2_grpc.HealthStub(live.channel)
+        for service in ("", "lamina.v1.Inference"):
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=service))
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+        reflect = reflection_pb2_grpc.ServerReflectionStub(live.channel)
+        asks = [reflection_pb2.ServerReflectionRequest(list_services=""),
+                reflection_pb2.ServerReflectionRequest(file_containing_symbol="lamina.v1.Inference")]
+        listed, described = [reply async for reply in reflect.ServerReflectionInfo(iter(asks))]
+        assert {s.name for s in listed.list_services_response.service} == {
+            "lamina.v1.Inference", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"}
+        assert described.file_descriptor_response.file_descriptor_proto
+
+        await live.service.drain()
+        reply = await health.Check(health_pb2.HealthCheckRequest(service="lamina.v1.Inference"))
+        assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            [c async for c in live.stub.Generate(text("hi"))]
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert dict(caught.value.trailing_metadata())["retry-after"] == "5"
+
+    run(ECHO, scenario)
+
+
+def test_abort_ends_the_stream_with_finish_reason_abort_and_frees_the_request() -> None:
+    async def scenario(live: Live) -> None:
+        call = live.stub.Generate(pb.GenerateRequest(request_id="long-1", model="echo", text=WORDS))
+        first = await call.read()
+        assert first.text == "w0" and live.running() == 1
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            [c async for c in live.stub.Generate(pb.GenerateRequest(request_id="long-1", model="echo", text="x"))]
+        assert caught.value.code() == grpc.StatusCode.ALREADY_EXISTS, "the id is taken while it runs"
+
+        await live.stub.Abort(pb.AbortRequest(request_id="long-1"))
+        rest = await read_rest(call)
+        assert rest and rest[-1].finish_reason == "abort" and not rest[-1].HasField("usage")
+        assert rest[-1].index == 1 + sum(len(c.token_ids) for c in rest)
+        assert len(rest) < 10 and await call.code() == grpc.StatusCode.OK
+        await live.settled()
+
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await live.stub.Abort(pb.AbortRequest(request_id="long-1"))
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        assert [c.text async for c in live.stub.Generate(text("after"))][0] == "after"
+
+    run(SLOW, scenario)
+
+
+def test_a_client_that_cancels_frees_its_request() -> None:
+    async def scenario(live: Live) -> None:
+        call = live.stub.Generate(text(WORDS))
+        assert (await call.read()).text == "w0" and live.running() == 1
+        call.cancel()
+        await live.settled()
+        assert await call.code() == grpc.StatusCode.CANCELLED
+
+    run(SLOW, scenario)
+
+
+class Flaky:
+    """An executor that fails after one token, and reports the health it is told."""
+
+    model = ModelInfo(id="flaky", context_length=100)
+    healthy = True
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def state(self) -> BackendState:
+        return BackendState(name="flaky", model="flaky", healthy=self.healthy)
+
+    async def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
+        yield TokenChunk(request_id=request.id, index=0, token_ids=(1,), text="ok")
+        raise RuntimeError("device fell over")
+
+    @hookimpl
+    def lamina_register_executors(self, register: Any) -> None:
+        register("flaky", lambda options, context: self)
+
+
+def test_an_executor_failure_after_tokens_ends_the_stream_with_internal() -> None:
+    async def scenario(live: Live) -> None:
+        call = live.stub.Generate(pb.GenerateRequest(model="flaky", text="hi"))
+        assert (await call.read()).text == "ok"
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call.read()
+        assert caught.value.code() == grpc.StatusCode.INTERNAL and "RuntimeError" in (caught.value.details() or "")
+
+    run({"executor": {"use": "flaky"}}, scenario, ("flaky", Flaky()))
+
+
+def test_health_follows_the_executors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(grpc_service, "HEALTH_POLL_S", 0.01)
+    flaky = Flaky()
+    flaky.healthy = False
+
+    async def status(live: Live) -> int:
+        request = health_pb2.HealthCheckRequest(service="lamina.v1.Inference")
+        return (await health_pb2_grpc.HealthStub(live.channel).Check(request)).status
+
+    async def scenario(live: Live) -> None:
+        assert await status(live) == health_pb2.HealthCheckResponse.NOT_SERVING
+        flaky.healthy = True
+        deadline = time.monotonic() + 2
+        while await status(live) != health_pb2.HealthCheckResponse.SERVING:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+
+    run({"executor": {"use": "flaky"}}, scenario, ("flaky", flaky))
