@@ -1,10 +1,11 @@
-"""What Lamina's gateway costs: streamed tokens through the HTTP API vs a bare ASGI endpoint.
+"""What Lamina's gateway costs: streamed tokens through its HTTP and gRPC APIs vs bare endpoints.
 
 Lamina serves a stack whose ``echo`` executor emits tokens as fast as it can (no model), so
-everything measured is the framework: admission, routing, lifecycle hooks, codec, HTTP. A
-bare Starlette/uvicorn app in its own process streams the very same SSE bytes with no
-Lamina logic. Both are driven by the same client in alternating rounds (A B A B ...), at 1,
-16 and 64 concurrent streams, and the script prints aggregate streamed tokens/s, requests/s
+everything measured is the framework: admission, routing, lifecycle hooks, codec, transport.
+A bare Starlette/uvicorn app in its own process streams the very same SSE bytes with no
+Lamina logic, and a bare ``grpc.aio`` server streams the very same chunk messages. Each pair
+is driven by the same client in alternating rounds (A B A B ...), at 1, 16 and 64 concurrent
+streams, and the script prints aggregate streamed tokens/s, requests/s
 and the p50/p99 latency per token (a request's time from sending to its last byte, divided
 by its tokens) for each, with the ratio Lamina/bare and the latency Lamina adds per token.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -25,14 +27,41 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
+import grpc
 import httpx
 from tqdm import tqdm
+
+from lamina.server.proto.lamina.v1 import inference_pb2 as pb
+from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
 
 TOKENS = 64
 PROMPT = " ".join(f"w{i}" for i in range(TOKENS))
 BODY = {"model": "echo", "prompt": PROMPT, "max_tokens": TOKENS, "stream": True}
+
+BARE_GRPC = '''
+import asyncio, os, sys
+import grpc
+from lamina.server.proto.lamina.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
+
+CHUNKS = [pb.GenerateChunk.FromString(bytes.fromhex(line)) for line in open(os.environ["BARE_CHUNKS_FILE"])]
+
+class Bare(pb_grpc.InferenceServicer):
+    async def Generate(self, request, context):
+        for chunk in CHUNKS:
+            await context.write(chunk)
+
+async def main():
+    server = grpc.aio.server()
+    pb_grpc.add_InferenceServicer_to_server(Bare(), server)
+    server.add_insecure_port("127.0.0.1:" + sys.argv[1])
+    await server.start()
+    await server.wait_for_termination()
+
+asyncio.run(main())
+'''
 
 BARE_APP = '''
 import os
@@ -82,17 +111,41 @@ async def one_stream(client: httpx.AsyncClient, url: str, per_token: list[float]
     return tokens
 
 
+def grpc_request() -> pb.GenerateRequest:
+    return pb.GenerateRequest(model="echo", text=PROMPT, sampling=pb.SamplingParams(max_tokens=TOKENS))
+
+
+async def one_grpc_stream(stub: pb_grpc.InferenceStub, per_token: list[float]) -> int:
+    start, tokens = time.perf_counter(), 0
+    async for chunk in stub.Generate(grpc_request()):
+        tokens += len(chunk.token_ids)
+    per_token.append((time.perf_counter() - start) / tokens)
+    return tokens
+
+
 async def run_level(url: str, concurrency: int, requests: int) -> dict[str, float]:
+    """``requests`` streams over ``concurrency`` workers, to an ``http://`` or ``grpc://`` target."""
     per_token: list[float] = []
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-        queue = list(range(requests))
+    queue = list(range(requests))
+    async with contextlib.AsyncExitStack() as stack:
+        if url.startswith("grpc://"):
+            channel = await stack.enter_async_context(grpc.aio.insecure_channel(url.removeprefix("grpc://")))
+            stub = pb_grpc.InferenceStub(channel)
+
+            def stream() -> Awaitable[int]:
+                return one_grpc_stream(stub, per_token)
+        else:
+            limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+            client = await stack.enter_async_context(httpx.AsyncClient(timeout=60, limits=limits))
+
+            def stream() -> Awaitable[int]:
+                return one_stream(client, url, per_token)
 
         async def worker() -> int:
             done = 0
             while queue:
                 queue.pop()
-                done += await one_stream(client, url, per_token)
+                done += await stream()
             return done
 
         start = time.perf_counter()
@@ -104,10 +157,22 @@ async def run_level(url: str, concurrency: int, requests: int) -> dict[str, floa
             "token_p99_ms": 1000 * per_token[int(len(per_token) * 0.99)]}
 
 
+async def wait_grpc(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            await _grpc_chunks(url.removeprefix("grpc://"))
+            return
+        except grpc.aio.AioRpcError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"bare gRPC server {url} did not start") from None
+            await asyncio.sleep(0.1)
+
+
 def start_servers(workdir: Path) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
     stack = workdir / "echo.toml"
-    stack.write_text('[stack]\nname = "overhead"\n[executor]\nuse = "echo"\n[server]\ngrpc = false\n')
-    lamina_port, bare_port = free_port(), free_port()
+    lamina_port, bare_port, lamina_grpc, bare_grpc = free_port(), free_port(), free_port(), free_port()
+    stack.write_text(f'[stack]\nname = "overhead"\n[executor]\nuse = "echo"\n[server]\ngrpc_port = {lamina_grpc}\n')
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log = (workdir / "servers.log").open("wb")
     lamina = subprocess.Popen([sys.executable, "-m", "lamina.cli", "serve", str(stack), "--port", str(lamina_port)],
@@ -122,7 +187,18 @@ def start_servers(workdir: Path) -> tuple[dict[str, str], list[subprocess.Popen[
                             stdout=log, stderr=subprocess.STDOUT, cwd=workdir,
                             env={**env, "BARE_EVENTS_FILE": str(workdir / "events.sse")})
     urls["bare"] = f"http://127.0.0.1:{bare_port}"
-    return urls, [lamina, bare]
+    chunks = asyncio.run(_grpc_chunks(f"127.0.0.1:{lamina_grpc}"))
+    (workdir / "chunks.hex").write_text("".join(c.SerializeToString().hex() + "\n" for c in chunks))
+    (workdir / "bare_grpc.py").write_text(BARE_GRPC)
+    bare_g = subprocess.Popen([sys.executable, str(workdir / "bare_grpc.py"), str(bare_grpc)], stdout=log,
+                              stderr=subprocess.STDOUT, env={**env, "BARE_CHUNKS_FILE": str(workdir / "chunks.hex")})
+    urls["lamina-grpc"], urls["bare-grpc"] = f"grpc://127.0.0.1:{lamina_grpc}", f"grpc://127.0.0.1:{bare_grpc}"
+    return urls, [lamina, bare, bare_g]
+
+
+async def _grpc_chunks(target: str) -> list[pb.GenerateChunk]:
+    async with grpc.aio.insecure_channel(target) as channel:
+        return [chunk async for chunk in pb_grpc.InferenceStub(channel).Generate(grpc_request())]
 
 
 def main() -> None:
@@ -138,8 +214,9 @@ def main() -> None:
         urls, processes = start_servers(workdir)
         try:
             wait_ready(urls["bare"], processes[1])
+            asyncio.run(wait_grpc(urls["bare-grpc"], processes[2]))
             results: dict[str, dict[str, list[dict[str, float]]]] = {name: {} for name in urls}
-            steps = tqdm(total=len(levels) * rounds * 2, desc="rounds", file=sys.stderr)
+            steps = tqdm(total=len(levels) * rounds * len(urls), desc="rounds", file=sys.stderr)
             for concurrency in levels:
                 requests = max(100, concurrency * 6) if args.quick else max(300, concurrency * 10)
                 for name in urls:  # warm-up, untimed
@@ -155,22 +232,25 @@ def main() -> None:
                 process.terminate()
                 process.wait(timeout=30)
     summary: dict[str, object] = {"tokens_per_request": TOKENS, "rounds": rounds, "levels": {}}
-    print(f"{'streams':>7} {'server':>7} {'tok/s':>9} {'req/s':>8} {'ms/token p50':>13} {'ms/token p99':>13}")
+    print(f"{'streams':>7} {'server':>11} {'tok/s':>9} {'req/s':>8} {'ms/token p50':>13} {'ms/token p99':>13}")
     for concurrency in levels:
         level: dict[str, dict[str, float]] = {}
         for name in urls:
             runs = results[name][str(concurrency)]
             level[name] = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
             row = level[name]
-            print(f"{concurrency:>7} {name:>7} {row['tokens_per_s']:>9.0f} {row['requests_per_s']:>8.1f} "
+            print(f"{concurrency:>7} {name:>11} {row['tokens_per_s']:>9.0f} {row['requests_per_s']:>8.1f} "
                   f"{row['token_p50_ms']:>13.3f} {row['token_p99_ms']:>13.3f}")
-        ratio = level["lamina"]["tokens_per_s"] / level["bare"]["tokens_per_s"]
-        added = level["lamina"]["token_p50_ms"] - level["bare"]["token_p50_ms"]
-        added99 = level["lamina"]["token_p99_ms"] - level["bare"]["token_p99_ms"]
-        print(f"{'':>7} {'ratio':>7} {ratio:>9.2f}   lamina/bare tokens/s; added per token p50 {added:.3f} ms, "
-              f"p99 {added99:.3f} ms")
-        summary["levels"][str(concurrency)] = {**level, "lamina_over_bare_tokens_per_s": ratio,  # type: ignore[index]
-                                               "added_ms_per_token_p50": added, "added_ms_per_token_p99": added99}
+        entry: dict[str, object] = dict(level)
+        for transport, ours, bare in (("http", "lamina", "bare"), ("grpc", "lamina-grpc", "bare-grpc")):
+            ratio = level[ours]["tokens_per_s"] / level[bare]["tokens_per_s"]
+            added = level[ours]["token_p50_ms"] - level[bare]["token_p50_ms"]
+            added99 = level[ours]["token_p99_ms"] - level[bare]["token_p99_ms"]
+            print(f"{'':>7} {transport + ' ratio':>11} {ratio:>5.2f}   lamina/bare tokens/s; added per token "
+                  f"p50 {added:.3f} ms, p99 {added99:.3f} ms")
+            entry[transport] = {"lamina_over_bare_tokens_per_s": ratio, "added_ms_per_token_p50": added,
+                                "added_ms_per_token_p99": added99}
+        summary["levels"][str(concurrency)] = entry  # type: ignore[index]
     if args.json:
         print(json.dumps(summary))
 
