@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import gguf
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lamina_jax.testing import random_weights, tiny_config, tokenizer_metadata, write_gguf
+from lamina_jax.testing import write_tiny_gguf
 from starlette.testclient import TestClient
 
 from lamina.plugins import load_plugins
@@ -65,11 +64,7 @@ def test_fuzzed_bodies_never_get_a_5xx(echo_client: TestClient, body: Any, chat:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    metadata = tokenizer_metadata()
-    config = tiny_config(vocab_size=len(metadata["tokenizer.ggml.tokens"]))
-    path = tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf"
-    write_gguf(path, config, random_weights(config, seed=1), gguf.GGMLQuantizationType.F32, metadata)
-    return path
+    return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf", seed=1)
 
 
 def test_200_streams_cut_off_mid_way_free_every_kv_block(live: Any, tiny_model: Path) -> None:

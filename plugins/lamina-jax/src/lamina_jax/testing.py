@@ -229,3 +229,11 @@ def stored_weights(stored: dict[str, np.ndarray], config: LlamaConfig) -> Weight
         "norm": stored["output_norm.weight"],
         "lm_head": stored.get("output.weight"),
     }
+
+
+def write_tiny_gguf(path: Path, *, seed: int = 7) -> Path:
+    """A tiny random Llama with a byte-level BPE tokenizer and a ChatML template, written as a GGUF file."""
+    metadata = tokenizer_metadata()
+    config = tiny_config(vocab_size=len(metadata["tokenizer.ggml.tokens"]))
+    write_gguf(path, config, random_weights(config, seed=seed), gguf.GGMLQuantizationType.F32, metadata)
+    return path
