@@ -232,3 +232,19 @@ def test_steady_state_serving_compiles_nothing_new(tiny_gguf: Path) -> None:
 def test_a_missing_model_file_is_a_config_error() -> None:
     with pytest.raises(ValueError, match="no GGUF file at '/no/such.gguf'"):
         JaxOptions(model="/no/such.gguf")
+
+
+def test_bfloat16_weights_serve_the_same_greedy_start(tiny_gguf: Path) -> None:
+    """Weights held in bfloat16 (chosen in the stack file) run the same code path; on this tiny
+    model the first greedy tokens agree with float32."""
+    request = Request(id="b", model="tiny-llama", prompt="in the", sampling=SamplingParams(max_tokens=3, **GREEDY))
+
+    async def go(dtype: str) -> list[int]:
+        executor = await started(tiny_gguf, weights_dtype=dtype)
+        try:
+            assert executor.engine.runner.params.embed.dtype == jnp.dtype(dtype)
+            return tokens_of(await collect(executor, request))
+        finally:
+            await executor.stop()
+
+    assert run(lambda: go("bfloat16"))[:2] == run(lambda: go("float32"))[:2]
