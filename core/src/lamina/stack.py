@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+import structlog
 
 from lamina_hookspecs import hookimpl, layers
 from lamina_hookspecs.errors import ConfigError, NoBackendError, RateLimitError, ServiceUnavailableError
@@ -21,10 +22,14 @@ from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, Request, RequestContext, StackInfo
 from lamina.ab import ArmPicker
 from lamina.lifecycle import notify
+from lamina.options import build_options
 from lamina.plugins import PluginSet
+from lamina.registry import Component
 from lamina.stack_config import ComponentSpec, Split, StackConfig
 
 CORE_PLUGIN_NAME = "lamina.core"
+
+log = structlog.get_logger(__name__)
 
 
 @attrs.define
@@ -63,6 +68,13 @@ def _instantiate(spec: ComponentSpec, context: BuildContext) -> Any:
     return instance
 
 
+def _default_options(component: Component) -> Any:
+    try:
+        return build_options(component.options, {}, "codec")
+    except ConfigError:  # a codec with required options: the factory will say so
+        return None
+
+
 def _build_arms(layer: str, value: ComponentSpec | Split | None, stack_name: str, **deps: Any) -> Arms:
     if value is None:
         return Arms(layer, {})
@@ -99,6 +111,7 @@ class Stack:
             (arm or "local"): executor for arm, executor in self.executors.instances.items()
         }
         self._core_hooks = _CoreHooks(self)
+        self._codecs_by_type: dict[str, Codec] | None = None
 
     def breakers(self) -> list[Breaker]:
         """The admission breakers; the pipeline reports each request's outcome to them."""
@@ -117,8 +130,23 @@ class Stack:
                          components={key: describe(value) for key, value in self.config.layers.items()})
 
     def codec_for(self, media_type: str) -> Codec | None:
-        """The codec (of any arm) that speaks ``media_type``."""
-        return next((c for c in self.codecs.instances.values() if c.media_type == media_type), None)
+        """The codec that speaks ``media_type``: the stack's own (of any arm) first, else any
+        installed codec, built once with its default options (clients negotiate with ``Accept``)."""
+        if self._codecs_by_type is None:
+            self._codecs_by_type = {}
+            for component in self.plugins.registry:
+                if component.layer is layers.CODEC:
+                    spec = ComponentSpec(component=component, options=_default_options(component),
+                                         path=f"codec ({component.name})")
+                    try:
+                        codec = _instantiate(spec, BuildContext(stack_name=self.config.meta.name))
+                    except ConfigError as exc:
+                        log.warning("codec_unavailable", codec=component.name, error=str(exc))
+                        continue
+                    self._codecs_by_type.setdefault(codec.media_type, codec)
+            for codec in self.codecs.instances.values():
+                self._codecs_by_type[codec.media_type] = codec
+        return self._codecs_by_type.get(media_type)
 
     def backend_states(self, request: Request, ctx: RequestContext) -> list[BackendState]:
         """Live state of the backends that may serve this request (its executor arm's, under a split)."""
