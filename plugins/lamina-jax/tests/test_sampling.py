@@ -20,6 +20,7 @@ def run(
     steps: np.ndarray | None = None,
     num_top: int = 0,
     max_top_k: int | None = None,
+    all_greedy: bool = False,
 ) -> SampleResult:
     """`sample` on ``logits [B, V]``; scalars apply to every row, rows default to seed = row index."""
     rows = logits.shape[0]
@@ -31,7 +32,7 @@ def run(
         keys=jnp.asarray(keys),
         steps=jnp.asarray(np.zeros(rows) if steps is None else steps, jnp.int32),
     )
-    return sample(jnp.asarray(logits), batch, num_top=num_top, max_top_k=max_top_k)
+    return sample(jnp.asarray(logits), batch, num_top=num_top, max_top_k=max_top_k, all_greedy=all_greedy)
 
 
 def random_logits(rows: int, vocab: int = VOCAB, *, seed: int = 0, scale: float = 2.0) -> np.ndarray:
@@ -72,6 +73,10 @@ def test_greedy_logprobs_and_top() -> None:
 
     empty = run(logits, temperature=0.0, num_top=0)
     assert empty.top_ids.shape == empty.top_logprobs.shape == (8, 0)
+
+    fast = run(logits, temperature=0.0, num_top=5, all_greedy=True)  # the variant without the random path
+    for name in ("tokens", "logprobs", "top_ids", "top_logprobs"):
+        np.testing.assert_array_equal(getattr(fast, name), getattr(result, name))
 
 
 def test_mixed_batch_rows_are_independent() -> None:

@@ -3,8 +3,9 @@
 Every call is padded to a bucket so that a steady workload compiles a bounded set of shapes
 once and never again: prefill token counts and block-table lengths to powers of two, decode
 batches to powers of two up to ``max_batch``, and the number of top logprobs to 0 or
-``MAX_TOP_LOGPROBS``. Sampling runs inside the same jitted call as the model, so only the
-chosen tokens and their logprobs travel back to the host.
+``MAX_TOP_LOGPROBS``; a decode batch whose rows are all greedy has its own, cheaper variant.
+Sampling runs inside the same jitted call as the model, so only the chosen tokens and their
+logprobs travel back to the host.
 
 Nothing here is CPU-specific: the same code runs on any JAX backend.
 """
@@ -54,12 +55,12 @@ def _prefill_and_sample(params: LlamaParams, cache: KVCache, tokens: jax.Array, 
     return sample(logits[None], batch, num_top=num_top, max_top_k=SORT_CAP), cache
 
 
-@functools.partial(jax.jit, static_argnames=("config", "num_top"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("config", "num_top", "all_greedy"), donate_argnames=("cache",))
 def _decode_and_sample(params: LlamaParams, cache: KVCache, tokens: jax.Array, tables: jax.Array,
                        positions: jax.Array, batch: SamplingBatch, *, config: LlamaConfig,
-                       num_top: int) -> tuple[SampleResult, KVCache]:
+                       num_top: int, all_greedy: bool) -> tuple[SampleResult, KVCache]:
     logits, cache = decode(params, cache, tokens, tables, positions, config=config)
-    return sample(logits, batch, num_top=num_top, max_top_k=SORT_CAP), cache
+    return sample(logits, batch, num_top=num_top, max_top_k=SORT_CAP, all_greedy=all_greedy), cache
 
 
 class ModelRunner:
@@ -117,8 +118,10 @@ class ModelRunner:
             tokens[i], positions[i] = seq.tokens[-1], seq.num_computed
             tables[i, : len(seq.blocks)] = seq.blocks
         batch, num_top = self._sampling([*seqs, *[None] * (rows - len(seqs))])
+        all_greedy = bool((batch.temperature <= 0).all())  # a greedy-only batch skips the random path
         result, self.cache = _decode_and_sample(
             self.params, self.cache, tokens, tables, positions, batch, config=self.config, num_top=num_top,
+            all_greedy=all_greedy,
         )
         return self._rows(result, len(seqs))
 

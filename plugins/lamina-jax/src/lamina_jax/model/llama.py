@@ -138,6 +138,23 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Ar
     return out.reshape(batch, length, n_heads * head_dim)
 
 
+def _attend_step(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """`_attend` for one query per row, ``q [B, 1, H, d]`` with ``mask [B, L]``.
+
+    Scores are laid out ``[B, L, H_kv, group]``, the key axis major as in the cache, which costs
+    XLA:CPU fewer layout copies than `_attend`'s ``[B, H_kv, group, T, L]``: a SmolLM2 decode step
+    at B=16, L=256 went from ≈63 to ≈54 ms (attention ≈24 → ≈15 ms), unchanged at B=1.
+    """
+    batch, _, n_heads, head_dim = q.shape
+    n_kv_heads = k.shape[2]
+    q = q.reshape(batch, n_kv_heads, n_heads // n_kv_heads, head_dim)
+    scores = jnp.einsum("bkgd,blkd->blkg", q, k) / math.sqrt(head_dim)
+    scores = jnp.where(mask[:, :, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=1)
+    out = jnp.einsum("blkg,blkd->bkgd", probs, v)
+    return out.reshape(batch, 1, n_heads * head_dim)
+
+
 def _finish_block(layer: LayerParams, x: jax.Array, attn: jax.Array, config: LlamaConfig) -> jax.Array:
     """Output projection, residual, and the SwiGLU MLP with its residual."""
     x = x + attn @ layer.wo.T
@@ -226,7 +243,7 @@ def decode(
     rows = jnp.arange(tokens.shape[0])
     write_blocks = jnp.where(positions >= 0, block_tables[rows, jnp.maximum(positions, 0) // size], cache.num_blocks)
     offsets = jnp.maximum(positions, 0) % size
-    mask = jnp.arange(block_tables.shape[1] * size)[None, None, :] <= positions[:, None, None]
+    mask = jnp.arange(block_tables.shape[1] * size)[None, :] <= positions[:, None]
     x = params.embed[tokens][:, None].astype(jnp.float32)
     new_k, new_v = [], []
     for layer, k_pool, v_pool in zip(params.layers, cache.k, cache.v, strict=True):
@@ -234,7 +251,7 @@ def decode(
         k_pool = k_pool.at[write_blocks, offsets].set(k[:, 0], mode="drop")
         v_pool = v_pool.at[write_blocks, offsets].set(v[:, 0], mode="drop")
         keys, values = _gather(k_pool, block_tables), _gather(v_pool, block_tables)
-        x = _finish_block(layer, x, _attend(q, keys, values, mask), config)
+        x = _finish_block(layer, x, _attend_step(q, keys, values, mask), config)
         new_k.append(k_pool)
         new_v.append(v_pool)
     return _logits(params, x[:, 0], config), KVCache(k=tuple(new_k), v=tuple(new_v))
