@@ -175,7 +175,8 @@ class ModelInfo:
 
 @attrs.frozen(kw_only=True)
 class BackendState:
-    """A live snapshot of one backend (replica), as routers and autoscalers see it."""
+    """A live snapshot of one backend (replica), as routers and autoscalers see it;
+    ``tokens_per_s`` is its recent generation rate (a moving average over seconds)."""
 
     name: str
     model: str
@@ -187,6 +188,7 @@ class BackendState:
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
     recent_latency_s: float | None = None
+    tokens_per_s: float = 0.0
 
     @property
     def available(self) -> bool:

@@ -152,6 +152,7 @@ def test_closed_streams_free_their_blocks(tiny_gguf: Path) -> None:
         for stream in streams:
             await stream.__anext__()
         busy = executor.state().kv_blocks_used
+        assert executor.state().tokens_per_s > 0
         for stream in streams:
             await stream.aclose()
         for _ in range(1000):  # aborts are applied at the engine's next step boundary

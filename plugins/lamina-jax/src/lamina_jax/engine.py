@@ -19,6 +19,7 @@ this thread, so every log line names the request id explicitly.
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -32,6 +33,9 @@ from lamina_jax.stop_text import StopText
 from lamina_jax.tokenizer import GGUFTokenizer, IncrementalDetokenizer
 
 log = structlog.get_logger(__name__)
+
+RATE_WINDOW_S = 2.0
+"""Time constant of the generation-rate moving average."""
 
 
 class _Output:
@@ -56,6 +60,7 @@ class Engine:
         self.prompt_tokens = 0
         self._submitted = 0  # written by the event loop only
         self._accepted = 0  # written by the engine thread only
+        self._rate = (time.monotonic(), 0.0)  # (when, tokens/s): one tuple, swapped atomically
 
     # -- called from the event loop ---------------------------------------------------
 
@@ -76,6 +81,19 @@ class Engine:
             self._inbox.put(("stop", None))
             self._thread.join()
             self._thread = None
+
+    def tokens_per_s(self) -> float:
+        """Recent generated tokens per second, decayed to now (it falls to 0 when idle)."""
+        when, rate = self._rate
+        return rate * math.exp(-(time.monotonic() - when) / RATE_WINDOW_S)
+
+    def _count(self, tokens: int, started: float) -> None:
+        """Fold one step's tokens into the moving average."""
+        now = time.monotonic()
+        when, rate = self._rate
+        previous = rate * math.exp(-(started - when) / RATE_WINDOW_S)
+        weight = math.exp(-(now - started) / RATE_WINDOW_S)
+        self._rate = (now, previous * weight + (1 - weight) * tokens / max(now - started, 1e-6))
 
     @property
     def num_waiting(self) -> int:
@@ -117,8 +135,10 @@ class Engine:
         if step.prefill is None and not step.decode:
             time.sleep(0.001)  # waiting for memory that only an abort can free
             return
+        started, before = time.monotonic(), self.generated_tokens
         try:
             self._run_step(step)
+            self._count(self.generated_tokens - before, started)
         except Exception:
             log.exception("engine_step_failed", request_ids=[s.request_id for s in self._in(step)])
             self.runner.reset_cache()

@@ -89,6 +89,7 @@ class JaxExecutor:
             name="jax", model=self.model.id, outstanding_requests=self._outstanding,
             outstanding_tokens=self._outstanding_tokens, queue_depth=engine.num_waiting,
             kv_blocks_used=allocator.num_used, kv_blocks_total=allocator.num_blocks,
+            tokens_per_s=engine.tokens_per_s(),
         )
 
     def _prompt_ids(self, request: Request) -> list[int]:
