@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from lamina_hookspecs.types import StreamError, StreamMeta, TokenChunk, TopLogprob, Usage
+from lamina.testing.streams import encode_stream
+from lamina_hookspecs.types import StreamMeta, TokenChunk, TopLogprob, Usage
 from lamina_openai.codec import SseEncoder
 
 CREATED = 1_700_000_000
@@ -39,16 +40,7 @@ def completion_items() -> list[object]:
     ]
 
 
-def _encode(encoder: SseEncoder, items: list[object]) -> bytes:
-    meta, *rest = items
-    assert isinstance(meta, StreamMeta)
-    out = encoder.header(meta)
-    for item in rest:
-        out += encoder.error(item) if isinstance(item, StreamError) else encoder.chunk(item)  # type: ignore[arg-type]
-    return out
-
-
 @pytest.fixture(scope="session")
 def encode() -> Callable[[SseEncoder, list[object]], bytes]:
     """``encode(encoder, [meta, chunk-or-error, ...])``: the stream's bytes."""
-    return _encode
+    return encode_stream

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
+from lamina.testing.streams import mutate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -62,19 +63,8 @@ mutation = st.tuples(st.sampled_from(["flip", "insert", "delete", "truncate"]), 
 @given(st.integers(0, 2), st.lists(mutation, min_size=1, max_size=8), st.lists(st.integers(min_value=0), max_size=20))
 def test_mutated_valid_streams(valid: list[bytes], which: int, mutations: list[tuple[str, int, int]],
                                cuts: list[int]) -> None:
-    data = bytearray(valid[which])
-    for op, position, byte in mutations:
-        at = position % (len(data) + 1)
-        if op == "insert":
-            data[at:at] = bytes([byte])
-        elif op == "truncate":
-            del data[at:]
-        elif at < len(data):
-            if op == "flip":
-                data[at] = byte
-            else:
-                del data[at]
-    feed_in_pieces(bytes(data), cuts)
+    data = mutate(valid[which], mutations)
+    feed_in_pieces(data, cuts)
 
 
 @FUZZ

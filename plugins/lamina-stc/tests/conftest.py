@@ -6,8 +6,9 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from lamina_hookspecs.protocols import StreamDecoder, StreamEncoder
-from lamina_hookspecs.types import StreamError, StreamMeta, TokenChunk, TopLogprob, Usage
+from lamina.testing.streams import decode_stream, encode_stream
+from lamina_hookspecs.protocols import StreamEncoder
+from lamina_hookspecs.types import StreamMeta, TokenChunk, TopLogprob, Usage
 
 META = StreamMeta(request_id="r1", model="m", created=1_700_000_000, kind="chat")
 
@@ -25,29 +26,13 @@ def spec_items() -> list[object]:
     ]
 
 
-def _encode(encoder: StreamEncoder, items: Sequence[object]) -> bytes:
-    meta, *rest = items
-    assert isinstance(meta, StreamMeta)
-    out = encoder.header(meta)
-    for item in rest:
-        out += encoder.error(item) if isinstance(item, StreamError) else encoder.chunk(item)  # type: ignore[arg-type]
-    return out
-
-
-def _decode(decoder: StreamDecoder, data: bytes, step: int | None = None) -> list[object]:
-    step = step or len(data) or 1
-    items: list[object] = [item for start in range(0, len(data), step) for item in decoder.feed(data[start:start + step])]
-    decoder.close()
-    return items
-
-
 @pytest.fixture(scope="session")
 def encode() -> Callable[[StreamEncoder, Sequence[object]], bytes]:
     """``encode(encoder, [meta, chunk-or-error, ...])``: the stream's bytes."""
-    return _encode
+    return encode_stream
 
 
 @pytest.fixture(scope="session")
 def decode() -> Callable[..., list[object]]:
     """``decode(decoder, data, step=None)``: every item, fed ``step`` bytes at a time, then ``close()``."""
-    return _decode
+    return decode_stream

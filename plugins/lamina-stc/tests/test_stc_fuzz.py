@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from lamina.testing.streams import mutate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -110,17 +111,6 @@ mutation = st.tuples(st.sampled_from(["flip", "insert", "delete", "truncate"]), 
        cuts=st.lists(st.integers(min_value=0), max_size=20))
 def test_mutated_valid_streams(name: str, items: list[Any], mutations: list[tuple[str, int, int]], cuts: list[int],
                                encode: Encode) -> None:
-    data = bytearray(encode(CODECS[name].encoder(), items))
-    for op, position, byte in mutations:
-        at = position % (len(data) + 1)
-        if op == "insert":
-            data[at:at] = bytes([byte])
-        elif op == "truncate":
-            del data[at:]
-        elif at < len(data):
-            if op == "flip":
-                data[at] = byte
-            else:
-                del data[at]
-    only_codec_errors(name, bytes(data), cuts)
+    data = mutate(encode(CODECS[name].encoder(), items), mutations)
+    only_codec_errors(name, data, cuts)
 

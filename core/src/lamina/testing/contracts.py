@@ -19,6 +19,7 @@ from lamina_hookspecs import layers
 from lamina_hookspecs.errors import CodecError, LaminaError, NoBackendError
 from lamina_hookspecs.layers import Layer
 from lamina_hookspecs.registration import BuildContext
+from lamina.testing.streams import decode_stream, encode_stream
 from lamina_hookspecs.types import (
     BackendState, PrefixMatch, Request, SamplingParams, ScaleDecision, StreamError, StreamMeta, TokenChunk,
     TopLogprob, Usage,
@@ -115,24 +116,6 @@ def _sample_stream() -> list[Any]:
     ]
 
 
-def _encode(component: Any, items: list[Any]) -> bytes:
-    encoder = component.encoder()
-    out = bytearray(encoder.header(items[0]))
-    for item in items[1:]:
-        out += encoder.error(item) if isinstance(item, StreamError) else encoder.chunk(item)
-    return bytes(out)
-
-
-def _decode(component: Any, data: bytes, split: int | None = None) -> list[Any]:
-    decoder = component.decoder()
-    items: list[Any] = []
-    step = split or len(data) or 1
-    for start in range(0, len(data), step):
-        items += decoder.feed(data[start:start + step])
-    decoder.close()
-    return items
-
-
 def _same_chunk(decoded: TokenChunk, original: TokenChunk) -> None:
     assert decoded.text == original.text
     assert decoded.token_ids in ((), original.token_ids), "token ids, when carried, must round-trip"
@@ -157,7 +140,7 @@ class CodecContract(ComponentContract):
 
     def test_round_trips_every_chunk_kind(self, component: Any) -> None:
         items = _sample_stream()
-        decoded = self._tokens(_decode(component, _encode(component, items)))
+        decoded = self._tokens(decode_stream(component.decoder(), encode_stream(component.encoder(), items)))
         originals = items[1:]
         assert len(decoded) == len(originals)
         for got, want in zip(decoded, originals, strict=True):
@@ -165,25 +148,26 @@ class CodecContract(ComponentContract):
 
     @pytest.mark.parametrize("split", [1, 2, 3, 7, 64])
     def test_decodes_input_split_anywhere(self, component: Any, split: int) -> None:
-        data = _encode(component, _sample_stream())
-        assert self._tokens(_decode(component, data, split)) == self._tokens(_decode(component, data))
+        data = encode_stream(component.encoder(), _sample_stream())
+        assert (self._tokens(decode_stream(component.decoder(), data, split))
+                == self._tokens(decode_stream(component.decoder(), data)))
 
     def test_carries_errors(self, component: Any) -> None:
         items = [*_sample_stream()[:2], StreamError(message="backend died", type="server_error", code="oops")]
-        decoded = _decode(component, _encode(component, items))
+        decoded = decode_stream(component.decoder(), encode_stream(component.encoder(), items))
         errors = [item for item in decoded if isinstance(item, StreamError)]
         assert errors and errors[0].message == "backend died"
 
     def test_rejects_truncated_input(self, component: Any) -> None:
-        data = _encode(component, _sample_stream())
+        data = encode_stream(component.encoder(), _sample_stream())
         cut = data[: len(data) - 3]
         with pytest.raises(CodecError):
-            _decode(component, cut)
+            decode_stream(component.decoder(), cut)
 
     def test_rejects_garbage(self, component: Any) -> None:
         rng = random.Random(7)
         with pytest.raises(CodecError):
-            _decode(component, bytes(rng.randrange(256) for _ in range(512)))
+            decode_stream(component.decoder(), bytes(rng.randrange(256) for _ in range(512)))
 
 
 def _drain(stream: AsyncIterator[TokenChunk], limit: int | None = None) -> list[TokenChunk]:
