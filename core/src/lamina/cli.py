@@ -1,7 +1,7 @@
 """The ``lamina`` command: one entry point, one subcommand per job.
 
-``plugins``, ``check`` and ``serve`` are here; ``bench`` and ``ab`` are added as their
-issues land, each as a ``_cmd_<name>`` function registered in :func:`build_parser`.
+``plugins``, ``check`` and ``serve`` are here; ``bench`` lives in :mod:`lamina.bench.cli`
+and registers its own subparser.
 """
 
 from __future__ import annotations
@@ -108,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="HTTP port (overrides server.port; default 8000)")
     serve.add_argument("--grpc-port", type=int, help="gRPC port (overrides server.grpc_port; default 50051)")
     serve.set_defaults(func=_cmd_serve)
+
+    from lamina.bench.cli import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 

@@ -1,0 +1,1 @@
+"""``lamina bench``: load-test OpenAI-compatible endpoints and compare stacks."""
