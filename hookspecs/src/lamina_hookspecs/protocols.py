@@ -121,7 +121,13 @@ class PrefixCache(Protocol):
         ...
 
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int], *, salt: bytes) -> None:
-        """Record that ``block_ids`` hold the KV of ``token_ids`` (whole blocks only)."""
+        """Record that ``block_ids`` hold the KV of ``token_ids`` (whole blocks only). The cache
+        takes ownership of the ids it stores; the others (a prefix it already had, a partial
+        last block) stay the caller's — ask :meth:`owns`."""
+        ...
+
+    def owns(self, block_id: int) -> bool:
+        """Whether the cache holds ``block_id`` (the executor must then not free or reuse it)."""
         ...
 
     def release(self, match: PrefixMatch) -> None:

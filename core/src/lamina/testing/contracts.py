@@ -264,7 +264,7 @@ class AutoscalerContract(ComponentContract):
 
 class PrefixCacheContract(ComponentContract):
     """A prefix cache finds whole-block prefixes it was given, only under the same salt,
-    and never evicts a pinned block."""
+    never evicts a pinned block, and says which blocks it owns."""
 
     layer = layers.PREFIX_CACHE
 
@@ -280,9 +280,11 @@ class PrefixCacheContract(ComponentContract):
     def test_never_evicts_pinned_blocks(self, component: Any) -> None:
         size = component.block_size
         component.insert(list(range(size)), [1], salt=b"s")
+        assert component.owns(1), "a stored block belongs to the cache"
         match = component.match(list(range(size)), salt=b"s")
         assert 1 not in component.evict(10)
         component.release(match)
         assert 1 in component.evict(10)
+        assert not component.owns(1), "an evicted block is the executor's again"
         assert component.match(list(range(size)), salt=b"s") == PrefixMatch(num_tokens=0)
 

@@ -142,9 +142,8 @@ class Engine:
         except Exception:
             log.exception("engine_step_failed", request_ids=[s.request_id for s in self._in(step)])
             self.runner.reset_cache()
-            for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            for seq in self.scheduler.discard_all():
                 seq.emit(InternalError("the executor failed while computing this request"))
-                self.scheduler.remove(seq)
                 self._outputs.pop(seq, None)
 
     @staticmethod
@@ -189,8 +188,8 @@ class Engine:
             logprobs=(row.logprob,) if sampling.logprobs else None,
             top_logprobs=(self._top(row, sampling.top_logprobs),) if sampling.logprobs else None,
             finish_reason=finish,
-            usage=Usage(prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids))
-            if finish else None,
+            usage=Usage(prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
+                        cached_tokens=seq.cached_tokens) if finish else None,
         )
         seq.emit(chunk)
         if finish is not None:

@@ -19,6 +19,7 @@ import structlog
 from tqdm import tqdm
 
 from lamina_hookspecs.errors import ContextLengthError, InvalidRequestError, LaminaError, ServiceUnavailableError
+from lamina_hookspecs.protocols import PrefixCache
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
 from lamina_jax.engine import Engine
@@ -35,8 +36,12 @@ log = structlog.get_logger(__name__)
 class JaxExecutor:
     """A Llama-family model from a GGUF file, served with continuous batching."""
 
-    def __init__(self, options: JaxOptions) -> None:
+    def __init__(self, options: JaxOptions, prefix_cache: PrefixCache | None = None) -> None:
+        if prefix_cache is not None and prefix_cache.block_size != options.block_size:
+            raise ValueError(f"the prefix cache's block_size ({prefix_cache.block_size}) must equal the "
+                             f"executor's ({options.block_size})")
         self.options = options
+        self.prefix_cache = prefix_cache
         path = smollm2_path() if options.model == BUILTIN_MODEL else Path(options.model)
         self.path = path
         name = options.served_name or (BUILTIN_MODEL if options.model == BUILTIN_MODEL else path.stem)
@@ -70,7 +75,8 @@ class JaxExecutor:
         runner = ModelRunner(params, config, num_blocks=num_blocks, block_size=options.block_size,
                              max_batch=options.max_batch)
         scheduler = Scheduler(BlockAllocator(num_blocks), block_size=options.block_size,
-                              max_batch=options.max_batch, prefill_chunk=options.prefill_chunk)
+                              max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
+                              prefix_cache=self.prefix_cache)
         log.info("model_loaded", model=self.model.id, path=str(self.path), layers=config.n_layers,
                  kv_blocks=num_blocks, block_size=options.block_size, max_model_len=max_len)
         return Engine(runner, scheduler, self.tokenizer, max_model_len=max_len)
@@ -133,7 +139,7 @@ class JaxExecutor:
                 pass
 
         seq = Sequence(request_id=request.id, prompt_ids=ids, sampling=request.sampling, emit=emit,
-                       key=request_key(request.sampling.seed))
+                       key=request_key(request.sampling.seed), salt=request.tenant.encode())
         tokens = len(ids) + (request.sampling.max_tokens or 0)
         self._outstanding += 1
         self._outstanding_tokens += tokens
@@ -158,4 +164,4 @@ class JaxExecutor:
 
 def build_jax(options: JaxOptions, context: BuildContext) -> JaxExecutor:
     """A Llama-family GGUF model in JAX with continuous batching and a paged KV cache."""
-    return JaxExecutor(options)
+    return JaxExecutor(options, context.prefix_cache)

@@ -10,6 +10,12 @@ KV blocks are taken as sequences grow. When a running sequence needs a block and
 free, the most recently admitted running sequence is preempted: its blocks are freed and
 it goes back to the front of the queue, to be recomputed (prompt plus what it already
 generated) when memory frees up — vLLM's recompute preemption. Its client sees only a pause.
+
+With a prefix cache (layer 4), a sequence starting its prefill first takes the longest
+cached prefix of its tokens (under its tenant's salt) and computes only the rest. When a
+sequence leaves (finished, aborted or preempted) the whole blocks it computed are offered
+to the cache, which keeps the ones it had no copy of; the rest go back to the allocator.
+When the allocator runs dry, the cache gives up least-recently-used unpinned blocks.
 """
 
 from __future__ import annotations
@@ -20,13 +26,15 @@ from typing import Any
 
 import attrs
 
-from lamina_hookspecs.types import SamplingParams
+from lamina_hookspecs.protocols import PrefixCache
+from lamina_hookspecs.types import PrefixMatch, SamplingParams
 from lamina_jax.kv_cache import BlockAllocator, blocks_for
 
 
 @attrs.define(eq=False)
 class Sequence:
-    """One request inside the engine; ``key`` is its sampling PRNG key, ``emit`` delivers its output.
+    """One request inside the engine; ``key`` is its sampling PRNG key, ``emit`` delivers its output,
+    ``salt`` isolates its prefix-cache entries (its tenant), ``match`` pins the cached prefix it reads.
 
     ``num_computed`` tokens of ``prompt_ids + output_ids`` have their K/V in ``blocks``. A
     decoding sequence has all but its last token computed; that token is the next input.
@@ -37,6 +45,9 @@ class Sequence:
     sampling: SamplingParams
     emit: Callable[[object], None]
     key: Any = None
+    salt: bytes = b""
+    match: PrefixMatch | None = None
+    cached_tokens: int = 0
     output_ids: list[int] = attrs.field(factory=list)
     blocks: list[int] = attrs.field(factory=list)
     num_computed: int = 0
@@ -77,8 +88,10 @@ class Step:
 class Scheduler:
     """Owns the queue, the running batch and the block allocator; runs on the engine thread."""
 
-    def __init__(self, allocator: BlockAllocator, *, block_size: int, max_batch: int, prefill_chunk: int) -> None:
+    def __init__(self, allocator: BlockAllocator, *, block_size: int, max_batch: int, prefill_chunk: int,
+                 prefix_cache: PrefixCache | None = None) -> None:
         self.allocator = allocator
+        self.prefix_cache = prefix_cache
         self.block_size = block_size
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
@@ -118,6 +131,9 @@ class Scheduler:
         if missing <= 0:
             return True
         blocks = self.allocator.allocate(missing)
+        if blocks is None and self.prefix_cache is not None:
+            self.allocator.free(self.prefix_cache.evict(missing - self.allocator.num_free))
+            blocks = self.allocator.allocate(missing)
         if blocks is None:
             return False
         seq.blocks.extend(blocks)
@@ -145,15 +161,53 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def _release(self, seq: Sequence) -> None:
-        self.allocator.free(seq.blocks)
+    def _release(self, seq: Sequence, *, keep: bool = True) -> None:
+        """Free a sequence's blocks; with a prefix cache, first offer it what was computed (``keep``)."""
+        cache = self.prefix_cache
+        if cache is None:
+            self.allocator.free(seq.blocks)
+        else:
+            if keep:
+                cache.insert(seq.tokens[: seq.num_computed], seq.blocks, salt=seq.salt)
+            if seq.match is not None:
+                cache.release(seq.match)
+                seq.match = None
+            self.allocator.free([b for b in seq.blocks if not cache.owns(b)])
         seq.blocks = []
         seq.num_computed = 0
+
+    def discard_all(self) -> list[Sequence]:
+        """Drop every sequence and everything cached, without keeping any KV: after a failed
+        step the device cache may hold garbage. Returns the dropped sequences."""
+        dropped = [*self.running, *self.waiting]
+        for seq in dropped:
+            self._release(seq, keep=False)
+        self.running.clear()
+        self.waiting.clear()
+        if self.prefix_cache is not None:
+            self.allocator.free(self.prefix_cache.evict(self.allocator.num_blocks))
+        return dropped
+
+    def _reuse_cached_prefix(self, seq: Sequence) -> None:
+        """Start a fresh prefill from the longest cached prefix (leaving at least one token to
+        compute when the prefill must end with logits to sample from)."""
+        cache = self.prefix_cache
+        if cache is None or seq.blocks:
+            return
+        seq.match = cache.match(seq.tokens[: seq.prefill_target], salt=seq.salt)
+        usable = seq.match.num_tokens
+        if not seq.output_ids and usable == seq.prefill_target:
+            usable -= self.block_size
+        seq.blocks = list(seq.match.block_ids[: usable // self.block_size])
+        seq.num_computed = usable
+        if not seq.output_ids:
+            seq.cached_tokens = usable
 
     def _next_prefill(self, num_decoding: int) -> PrefillWork | None:
         if not self.waiting or num_decoding >= self.max_batch:
             return None
         seq = self.waiting[0]
+        self._reuse_cached_prefix(seq)
         start = seq.num_computed
         end = min(start + self.prefill_chunk, seq.prefill_target)
         if not self._grow(seq, end):

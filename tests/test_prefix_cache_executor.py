@@ -1,0 +1,93 @@
+"""The JAX executor with the radix prefix cache: same tokens as without, less prefill."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from lamina_hookspecs.types import Request, SamplingParams
+from lamina_jax.testing import write_tiny_gguf
+
+from lamina.plugins import load_plugins
+from lamina.stack import Stack
+from lamina.stack_config import StackConfig
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("tiny") / "tiny-llama.gguf", seed=3)
+
+
+def run_stack(model: Path, prefix_cache: bool, rounds: list[list[Request]], **executor: Any
+              ) -> tuple[list[list[list[int]]], dict[str, float]]:
+    config: dict[str, Any] = {"executor": {"use": "jax", "model": str(model), "block_size": 4, "max_batch": 4,
+                                           "prefill_chunk": 16, "max_model_len": 256, "kv_cache_mb": 0.1,
+                                           **executor}}
+    if prefix_cache:
+        config["prefix_cache"] = {"use": "radix", "block_size": 4}
+    plugins = load_plugins()
+    stack = Stack(StackConfig.from_dict(config, plugins.registry), plugins)
+    executor = stack.backends["local"]
+
+    async def go() -> list[list[list[int]]]:
+        await stack.start()
+        try:
+            outputs = []
+            for requests in rounds:  # each round's requests run concurrently, rounds one after another
+                results = await asyncio.gather(*(_collect(executor, r) for r in requests))
+                outputs.append(results)
+            stats.update(preemptions=executor.engine.scheduler.num_preemptions,
+                         **(executor.prefix_cache.stats() if executor.prefix_cache else {}))
+            return outputs
+        finally:
+            await stack.stop()
+
+    stats: dict[str, float] = {}
+    return asyncio.run(go()), stats
+
+
+async def _collect(executor: Any, request: Request) -> list[int]:
+    chunks = [c async for c in executor.generate(request)]
+    return [t for c in chunks for t in c.token_ids] + [-chunks[-1].usage.cached_tokens]
+
+
+def workload() -> list[list[Request]]:
+    """A first request, six concurrent ones sharing its 37-token "system prompt", and one
+    more from another tenant."""
+    rng = np.random.default_rng(5)
+    system = rng.integers(3, 200, 37).tolist()
+    greedy = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+    def request(i: int, tail: int, tenant: str = "acme") -> Request:
+        return Request(id=f"r{i}", model="tiny-llama", tenant=tenant, sampling=greedy,
+                       prompt_token_ids=system + rng.integers(3, 200, tail).tolist())
+
+    return [[request(0, 5)], [request(i, 3 + i) for i in range(1, 7)], [request(9, 4, tenant="other")]]
+
+
+def test_under_memory_pressure_the_cache_changes_no_token(tiny_model: Path) -> None:
+    """32 blocks of 4 positions for six concurrent sequences of ~53 tokens: sequences are
+    preempted and cached blocks evicted, and every stream still equals the run without a cache."""
+    rounds = workload()
+    tight = {"kv_cache_mb": 0.01, "max_model_len": 128, "max_batch": 6}
+    without, _ = run_stack(tiny_model, False, rounds, **tight)
+    with_cache, stats = run_stack(tiny_model, True, rounds, **tight)
+    assert [[r[:-1] for r in g] for g in with_cache] == [[r[:-1] for r in g] for g in without]
+    assert stats["preemptions"] > 0 and stats["evicted_blocks"] > 0, stats
+
+
+def test_cache_on_gives_the_same_greedy_tokens_and_reuses_shared_prefixes(tiny_model: Path) -> None:
+    rounds = workload()
+    without, _ = run_stack(tiny_model, False, rounds)
+    with_cache, stats = run_stack(tiny_model, True, rounds)
+    tokens = lambda outs: [[r[:-1] for r in group] for group in outs]  # noqa: E731
+    assert tokens(with_cache) == tokens(without)
+    cached = [[-r[-1] for r in group] for group in with_cache]
+    assert cached[0] == [0], "nothing cached yet"
+    assert all(c == 36 for c in cached[1]), "the 9 whole blocks of the shared prefix are reused"
+    assert cached[2] == [0], "another tenant cannot hit acme's prefixes"
+    assert [-r[-1] for g in without for r in g] == [0] * 8
+    assert stats["hit_tokens"] >= 6 * 36 and stats["cached_blocks"] > 0
