@@ -6,6 +6,9 @@ Names follow vLLM's under a ``lamina_`` prefix (``lamina_time_to_first_token_sec
 exported under vLLM's own names — ``vllm:num_requests_waiting``,
 ``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc`` (and the older
 ``vllm:gpu_cache_usage_perc``) — so those tools route and scale Lamina with no glue.
+When the stack has a prefix cache, its ``stats()`` are exported at scrape time too
+(``lamina_prefix_cache_queries_total``, ``lamina_prefix_cache_hits_total``, ... — vLLM's
+``prefix_cache_queries``/``prefix_cache_hits`` count tokens, and so do these).
 Each server gets its own registry; nothing is global.
 """
 
@@ -14,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import prometheus_client
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from lamina_hookspecs import hookimpl
@@ -48,6 +51,51 @@ class _BackendGauges(Collector):
         yield GaugeMetricFamily("lamina_kv_cache_blocks_total", "KV-cache blocks in all.", value=total)
 
 
+# (metric name without ``_total``, stats() key, help): counters, cumulative since start
+_PREFIX_COUNTERS = (
+    ("lamina_prefix_cache_queries", "lookup_tokens", "Prompt tokens looked up in the prefix cache."),
+    ("lamina_prefix_cache_hits", "hit_tokens", "Prompt tokens served from the prefix cache."),
+    ("lamina_prefix_cache_hit_requests", "hit_requests", "Prefix-cache lookups that hit at least one block."),
+    ("lamina_prefix_cache_lookups", "lookups", "Prefix-cache lookups (one per request admission)."),
+    ("lamina_prefix_cache_inserted_blocks", "inserted_blocks", "KV blocks stored in the prefix cache."),
+    ("lamina_prefix_cache_evicted_blocks", "evicted_blocks", "KV blocks evicted from the prefix cache."),
+)
+# gauges: live values
+_PREFIX_GAUGES = (
+    ("lamina_prefix_cache_blocks", "cached_blocks", "KV blocks held by the prefix cache."),
+    ("lamina_prefix_cache_pinned_blocks", "pinned_blocks", "Prefix-cache blocks pinned by running requests."),
+    ("lamina_prefix_cache_hit_rate", "hit_rate", "Hit tokens over looked-up tokens since start (0 to 1)."),
+)
+
+
+class _PrefixCacheStats(Collector):
+    """Reads the stack's prefix cache(s) at scrape time; yields nothing when there is none.
+
+    Under an A/B split of the prefix-cache layer each arm's cache is a series with an
+    ``arm`` label; otherwise the metrics carry no label.
+    """
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+
+    def collect(self) -> Iterator[Metric]:
+        instances = self.stack.prefix_cache.instances
+        if not instances:
+            return
+        labels = [] if set(instances) == {""} else ["arm"]
+        stats = {arm: cache.stats() for arm, cache in instances.items()}
+        for name, key, help_ in _PREFIX_COUNTERS:
+            counter = CounterMetricFamily(name, help_, labels=labels)
+            for arm, values in stats.items():
+                counter.add_metric([arm] if labels else [], float(values.get(key, 0.0)))
+            yield counter
+        for name, key, help_ in _PREFIX_GAUGES:
+            gauge = GaugeMetricFamily(name, help_, labels=labels)
+            for arm, values in stats.items():
+                gauge.add_metric([arm] if labels else [], float(values.get(key, 0.0)))
+            yield gauge
+
+
 class Metrics:
     """The server's metrics; registered on the stack's plugin manager as an observer."""
 
@@ -70,6 +118,7 @@ class Metrics:
         self.generation_tokens = prometheus_client.Counter(
             "lamina_generation_tokens", "Tokens generated.", registry=r)
         r.register(_BackendGauges(stack))
+        r.register(_PrefixCacheStats(stack))
 
     def render(self) -> bytes:
         return prometheus_client.generate_latest(self.registry)

@@ -24,6 +24,7 @@ from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
 from lamina_jax.engine import Engine
 from lamina_jax.kv_cache import BlockAllocator, blocks_for
+from lamina_jax.model.llama import kv_bytes_per_position
 from lamina_jax.model_runner import ModelRunner
 from lamina_jax.options import BUILTIN_MODEL, JaxOptions
 from lamina_jax.sampling import request_key
@@ -69,16 +70,17 @@ class JaxExecutor:
             params = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params)
         max_len = min(options.max_model_len, config.context_length)
         self.model = attrs.evolve(self.model, context_length=max_len)
-        block_bytes = 2 * config.n_layers * options.block_size * config.n_kv_heads * config.head_dim * 4
+        block_bytes = options.block_size * kv_bytes_per_position(config, options.kv_dtype)
         num_blocks = max(int(options.kv_cache_mb * 2**20 // block_bytes), blocks_for(max_len, options.block_size))
         self.tokenizer = GGUFTokenizer.from_metadata(loaded.metadata)
         runner = ModelRunner(params, config, num_blocks=num_blocks, block_size=options.block_size,
-                             max_batch=options.max_batch)
+                             max_batch=options.max_batch, kv_dtype=options.kv_dtype)
         scheduler = Scheduler(BlockAllocator(num_blocks), block_size=options.block_size,
                               max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
                               prefix_cache=self.prefix_cache)
         log.info("model_loaded", model=self.model.id, path=str(self.path), layers=config.n_layers,
-                 kv_blocks=num_blocks, block_size=options.block_size, max_model_len=max_len)
+                 kv_blocks=num_blocks, kv_dtype=options.kv_dtype, block_size=options.block_size,
+                 max_model_len=max_len)
         return Engine(runner, scheduler, self.tokenizer, max_model_len=max_len)
 
     async def stop(self) -> None:

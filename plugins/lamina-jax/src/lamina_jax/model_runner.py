@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lamina_jax.model.config import LlamaConfig
-from lamina_jax.model.llama import KVCache, LlamaParams, decode, init_cache, prefill
+from lamina_jax.model.llama import KVCache, KVDtype, LlamaParams, decode, init_cache, prefill
 from lamina_jax.sampling import SampleResult, SamplingBatch, sample
 from lamina_jax.scheduler import Sequence
 
@@ -67,14 +67,16 @@ class ModelRunner:
     """Holds the weights and the KV block pools; runs one prefill chunk or one decode batch."""
 
     def __init__(self, params: LlamaParams, config: LlamaConfig, *, num_blocks: int, block_size: int,
-                 max_batch: int) -> None:
+                 max_batch: int, kv_dtype: KVDtype = "float32") -> None:
         self.params, self.config = params, config
         self.num_blocks, self.block_size, self.max_batch = num_blocks, block_size, max_batch
-        self.cache = init_cache(config, num_blocks=num_blocks, block_size=block_size)
+        self.kv_dtype = kv_dtype
+        self.cache = init_cache(config, num_blocks=num_blocks, block_size=block_size, dtype=kv_dtype)
 
     def reset_cache(self) -> None:
         """Fresh pools after a failed call (a donated cache may be gone)."""
-        self.cache = init_cache(self.config, num_blocks=self.num_blocks, block_size=self.block_size)
+        self.cache = init_cache(self.config, num_blocks=self.num_blocks, block_size=self.block_size,
+                                dtype=self.kv_dtype)
 
     def _sampling(self, seqs: Seq[Sequence | None]) -> tuple[SamplingBatch, int]:
         """Per-row parameters (``None`` rows are padding) and the top-logprobs bucket."""

@@ -25,6 +25,9 @@ class JaxOptions:
         "help": "model id clients ask for (default: the built-in name, or the file's stem)"})
     weights_dtype: Literal["float32", "bfloat16"] = attrs.field(default="float32", metadata={
         "help": "dtype weights are held in (bfloat16 halves memory; slower on CPUs without bf16)"})
+    kv_dtype: Literal["float32", "bfloat16", "int8", "fp8"] = attrs.field(default="float32", metadata={
+        "help": "storage dtype of the KV cache: bfloat16 halves it; int8 and fp8 (e4m3, where the backend has "
+                "it) quarter it, plus a float32 scale per token and head"})
     kv_cache_mb: float = attrs.field(default=512.0, validator=attrs.validators.gt(0), metadata={
         "help": "memory budget of the paged KV cache, MiB (at least one full-length sequence is kept)"})
     block_size: int = attrs.field(default=16, validator=attrs.validators.ge(1), metadata={

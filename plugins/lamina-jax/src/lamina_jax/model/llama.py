@@ -3,7 +3,9 @@
 Conventions:
 
 - Linear weights keep the GGUF (and PyTorch) layout ``[out_features, in_features]``: ``y = x @ w.T``.
-  They may be float32 or bfloat16; activations and the KV cache are float32.
+  They may be float32 or bfloat16; activations are float32. The KV cache is stored as float32,
+  bfloat16, int8 or fp8 e4m3 (the last two with a float32 scale per token and head, absmax / qmax),
+  quantized on write and dequantized to float32 after the gather, inside attention.
 - Q and K weights are in Hugging Face row order (the GGUF loader undoes llama.cpp's permutation), so
   RoPE is the NeoX half-split form: dimensions ``i`` and ``i + head_dim // 2`` rotate together.
 - The KV cache is paged: per layer one K and one V buffer ``[num_blocks, block_size, n_kv_heads,
@@ -22,7 +24,7 @@ Conventions:
 
 import functools
 import math
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import attrs
 import jax
@@ -68,13 +70,35 @@ class LlamaParams:
     lm_head: jax.Array | None  # [vocab_size, dim]
 
 
+KVDtype = Literal["float32", "bfloat16", "int8", "fp8"]
+"""Storage dtype of the KV cache: ``int8`` and ``fp8`` (e4m3) keep a float32 scale per token and head."""
+
+_STORAGE = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
+_QMAX = {jnp.dtype(jnp.int8): 127.0, jnp.dtype(jnp.float8_e4m3fn): 448.0}
+
+
+def kv_bytes_per_position(config: LlamaConfig, dtype: KVDtype = "float32") -> int:
+    """Bytes of K and V (and their scales) for one position in all layers."""
+    per_head = config.head_dim * jnp.dtype(_STORAGE[dtype]).itemsize
+    if jnp.dtype(_STORAGE[dtype]) in _QMAX:
+        per_head += 4  # the float32 scale
+    return 2 * config.n_layers * config.n_kv_heads * per_head
+
+
 @_pytree
 @attrs.frozen(kw_only=True)
 class KVCache:
-    """Per-layer K and V block pools, each ``[num_blocks, block_size, n_kv_heads, head_dim]``."""
+    """Per-layer K and V block pools, each ``[num_blocks, block_size, n_kv_heads, head_dim]``.
+
+    The pools' dtype is the storage dtype. For the quantized ones (int8, fp8) ``k_scale`` and
+    ``v_scale`` hold per-layer float32 scales ``[num_blocks, block_size, n_kv_heads]``: a stored
+    vector times its scale is the value; otherwise they are ``None``.
+    """
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
+    k_scale: tuple[jax.Array, ...] | None = None
+    v_scale: tuple[jax.Array, ...] | None = None
 
     @property
     def num_blocks(self) -> int:
@@ -85,19 +109,45 @@ class KVCache:
         return self.k[0].shape[1]
 
 
-def init_cache(config: LlamaConfig, *, num_blocks: int, block_size: int) -> KVCache:
-    """Allocate a zeroed float32 pool of ``num_blocks`` blocks of ``block_size`` positions."""
+def init_cache(config: LlamaConfig, *, num_blocks: int, block_size: int, dtype: KVDtype = "float32") -> KVCache:
+    """Allocate a zeroed pool of ``num_blocks`` blocks of ``block_size`` positions, stored as ``dtype``."""
+    storage = _STORAGE[dtype]
     shape = (num_blocks, block_size, config.n_kv_heads, config.head_dim)
+
+    def pools(shape: tuple[int, ...], dtype: object) -> tuple[jax.Array, ...]:
+        return tuple(jnp.zeros(shape, dtype) for _ in range(config.n_layers))
+
+    scaled = jnp.dtype(storage) in _QMAX
     return KVCache(
-        k=tuple(jnp.zeros(shape, jnp.float32) for _ in range(config.n_layers)),
-        v=tuple(jnp.zeros(shape, jnp.float32) for _ in range(config.n_layers)),
+        k=pools(shape, storage), v=pools(shape, storage),
+        k_scale=pools(shape[:-1], jnp.float32) if scaled else None,
+        v_scale=pools(shape[:-1], jnp.float32) if scaled else None,
     )
 
 
 def _gather(pool: jax.Array, tables: jax.Array) -> jax.Array:
-    """The positions ``tables [..., n]`` point at: ``[..., n * block_size, n_kv_heads, head_dim]``."""
+    """The positions ``tables [..., n]`` point at: ``[..., n * block_size, *pool.shape[2:]]``."""
     blocks = pool[tables]
     return blocks.reshape(*tables.shape[:-1], tables.shape[-1] * pool.shape[1], *pool.shape[2:])
+
+
+def _write(pool: jax.Array, scale: jax.Array | None, x: jax.Array, blocks: jax.Array,
+           offsets: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+    """Store ``x [N, n_kv_heads, head_dim]`` at ``(blocks, offsets)``, quantizing if ``scale`` is given."""
+    if scale is None:
+        return pool.at[blocks, offsets].set(x.astype(pool.dtype), mode="drop"), None
+    qmax = _QMAX[jnp.dtype(pool.dtype)]
+    s = jnp.max(jnp.abs(x), axis=-1) / qmax  # [N, n_kv_heads]
+    q = x / jnp.where(s > 0, s, 1.0)[..., None]
+    if jnp.issubdtype(pool.dtype, jnp.integer):
+        q = jnp.clip(jnp.round(q), -qmax, qmax)
+    return pool.at[blocks, offsets].set(q.astype(pool.dtype), mode="drop"), scale.at[blocks, offsets].set(s, mode="drop")
+
+
+def _read(pool: jax.Array, scale: jax.Array | None, tables: jax.Array) -> jax.Array:
+    """The float32 positions ``tables`` point at, dequantized after the gather."""
+    values = _gather(pool, tables).astype(jnp.float32)
+    return values if scale is None else values * _gather(scale, tables)[..., None]
 
 
 def _rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
@@ -167,6 +217,16 @@ def _logits(params: LlamaParams, x: jax.Array, config: LlamaConfig) -> jax.Array
     return _rms_norm(x, params.norm, config.norm_eps) @ head.T
 
 
+def _scale(scales: tuple[jax.Array, ...] | None, layer: int) -> jax.Array | None:
+    return None if scales is None else scales[layer]
+
+
+def _rebuild(pools: list[tuple[jax.Array, jax.Array, jax.Array | None, jax.Array | None]]) -> KVCache:
+    k, v, k_scale, v_scale = zip(*pools, strict=True)
+    quantized = k_scale[0] is not None
+    return KVCache(k=k, v=v, k_scale=k_scale if quantized else None, v_scale=v_scale if quantized else None)
+
+
 @functools.partial(jax.jit, static_argnames=("config",))
 def forward(params: LlamaParams, tokens: jax.Array, *, config: LlamaConfig) -> jax.Array:
     """Logits ``[T, vocab]`` for every position of ``tokens [T]``, causal, without a cache."""
@@ -208,17 +268,16 @@ def prefill(
     offsets = positions % size
     mask = jnp.arange(block_table.shape[0] * size)[None, :] <= positions[:, None]
     x = params.embed[tokens][None].astype(jnp.float32)
-    new_k, new_v = [], []
-    for layer, k_pool, v_pool in zip(params.layers, cache.k, cache.v, strict=True):
+    pools = []
+    for i, layer in enumerate(params.layers):
         q, k, v = _qkv(layer, x, positions[None], config)
-        k_pool = k_pool.at[write_blocks, offsets].set(k[0], mode="drop")
-        v_pool = v_pool.at[write_blocks, offsets].set(v[0], mode="drop")
-        keys, values = _gather(k_pool, block_table[None]), _gather(v_pool, block_table[None])
+        k_pool, k_scale = _write(cache.k[i], _scale(cache.k_scale, i), k[0], write_blocks, offsets)
+        v_pool, v_scale = _write(cache.v[i], _scale(cache.v_scale, i), v[0], write_blocks, offsets)
+        keys, values = _read(k_pool, k_scale, block_table[None]), _read(v_pool, v_scale, block_table[None])
         x = _finish_block(layer, x, _attend(q, keys, values, mask[None]), config)
-        new_k.append(k_pool)
-        new_v.append(v_pool)
+        pools.append((k_pool, v_pool, k_scale, v_scale))
     hidden = x[0] if all_logits else x[0, true_len - 1]
-    return _logits(params, hidden, config), KVCache(k=tuple(new_k), v=tuple(new_v))
+    return _logits(params, hidden, config), _rebuild(pools)
 
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
@@ -245,13 +304,12 @@ def decode(
     offsets = jnp.maximum(positions, 0) % size
     mask = jnp.arange(block_tables.shape[1] * size)[None, :] <= positions[:, None]
     x = params.embed[tokens][:, None].astype(jnp.float32)
-    new_k, new_v = [], []
-    for layer, k_pool, v_pool in zip(params.layers, cache.k, cache.v, strict=True):
+    pools = []
+    for i, layer in enumerate(params.layers):
         q, k, v = _qkv(layer, x, positions[:, None], config)
-        k_pool = k_pool.at[write_blocks, offsets].set(k[:, 0], mode="drop")
-        v_pool = v_pool.at[write_blocks, offsets].set(v[:, 0], mode="drop")
-        keys, values = _gather(k_pool, block_tables), _gather(v_pool, block_tables)
+        k_pool, k_scale = _write(cache.k[i], _scale(cache.k_scale, i), k[:, 0], write_blocks, offsets)
+        v_pool, v_scale = _write(cache.v[i], _scale(cache.v_scale, i), v[:, 0], write_blocks, offsets)
+        keys, values = _read(k_pool, k_scale, block_tables), _read(v_pool, v_scale, block_tables)
         x = _finish_block(layer, x, _attend_step(q, keys, values, mask), config)
-        new_k.append(k_pool)
-        new_v.append(v_pool)
-    return _logits(params, x[:, 0], config), KVCache(k=tuple(new_k), v=tuple(new_v))
+        pools.append((k_pool, v_pool, k_scale, v_scale))
+    return _logits(params, x[:, 0], config), _rebuild(pools)

@@ -1,0 +1,63 @@
+"""The real model with the radix prefix cache: greedy tokens unchanged, shared prompts reused."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from lamina_hookspecs.types import ChatMessage, Request, SamplingParams
+
+from lamina.plugins import load_plugins
+from lamina.stack import Stack
+from lamina.stack_config import StackConfig
+
+pytestmark = pytest.mark.slow
+
+SYSTEM = ("You are a careful assistant for a small bookshop. Answer in one short sentence, be polite, "
+          "never invent prices, and suggest a classic novel whenever the customer seems unsure.")
+QUESTIONS = ["Do you open on Sundays?", "Can you recommend a book about the sea?",
+             "What is a good gift for a ten-year-old?", "Do you sell used books?"]
+
+
+def requests() -> list[Request]:
+    greedy = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    return [Request(id=f"q{i}", model="any", tenant="acme", sampling=greedy,
+                    messages=[ChatMessage(role="system", content=SYSTEM), ChatMessage(role="user", content=q)])
+            for i, q in enumerate(QUESTIONS)]
+
+
+def run(prefix_cache: bool) -> tuple[list[list[int]], list[int], dict[str, float]]:
+    config: dict[str, Any] = {"executor": {"use": "jax"}}
+    if prefix_cache:
+        config["prefix_cache"] = {"use": "radix"}
+    plugins = load_plugins()
+    stack = Stack(StackConfig.from_dict(config, plugins.registry), plugins)
+    executor: Any = stack.backends["local"]
+
+    async def go() -> tuple[list[list[int]], list[int], dict[str, float]]:
+        await stack.start()
+        try:
+            tokens, cached = [], []
+            for request in requests():  # one after another: each finds the earlier ones' blocks
+                chunks = [c async for c in executor.generate(request)]
+                tokens.append([t for c in chunks for t in c.token_ids])
+                cached.append(chunks[-1].usage.cached_tokens)
+            stats = dict(stack.prefix_cache.instances[""].stats()) if prefix_cache else {}
+            return tokens, cached, stats
+        finally:
+            await stack.stop()
+
+    return asyncio.run(go())
+
+
+def test_real_model_same_greedy_tokens_with_the_cache_and_reuses_the_system_prompt() -> None:
+    without, cached_off, _ = run(False)
+    with_cache, cached_on, stats = run(True)
+    assert all(len(t) == 16 for t in without)
+    assert with_cache == without
+    assert cached_off == [0] * len(QUESTIONS)
+    assert cached_on[0] == 0, "nothing cached before the first request"
+    assert all(c >= 16 for c in cached_on[1:]), cached_on  # at least one whole block of the shared prompt
+    assert all(c % 16 == 0 for c in cached_on), cached_on  # whole blocks only
+    assert stats["hit_tokens"] >= sum(cached_on) and stats["cached_blocks"] > 0, stats
