@@ -33,7 +33,6 @@ import math
 import platform
 import sys
 import time
-
 from pathlib import Path
 from typing import Any
 
