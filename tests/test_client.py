@@ -9,7 +9,7 @@ import pytest
 
 from lamina.client import AsyncLaminaClient, LaminaClient
 from lamina_hookspecs import hookimpl
-from lamina_hookspecs.errors import ConfigError, InternalError, LaminaError, NotFoundError
+from lamina_hookspecs.errors import ConfigError, InternalError, NotAcceptableError, NotFoundError
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
 
 CODECS = ["sse", "stc", "stc-zstd"]
@@ -63,7 +63,7 @@ class Nope:
 
 
 def test_an_unknown_media_type_is_a_clear_406(client: LaminaClient) -> None:
-    with pytest.raises(LaminaError, match="HTTP 406: no codec produces any of: application/x-nope") as caught:
+    with pytest.raises(NotAcceptableError, match="no codec produces any of: application/x-nope") as caught:
         next(client.stream_completion(model="echo", prompt="x", codec=Nope()))
     assert caught.value.http_status == 406
 

@@ -23,8 +23,9 @@ import orjson
 
 from lamina_hookspecs import layers
 from lamina_hookspecs.errors import (
-    AuthenticationError, CodecError, InternalError, InvalidRequestError, LaminaError, NotFoundError,
-    PermissionDeniedError, RateLimitError, RequestTimeoutError, ServiceUnavailableError,
+    AuthenticationError, CodecError, InternalError, InvalidRequestError, LaminaError, NotAcceptableError,
+    NotFoundError, PayloadTooLargeError, PermissionDeniedError, RateLimitError, RequestTimeoutError,
+    ServiceUnavailableError, UnsupportedMediaTypeError,
 )
 from lamina_hookspecs.protocols import Codec, StreamDecoder
 from lamina_hookspecs.registration import BuildContext
@@ -35,7 +36,8 @@ from lamina.plugins import load_plugins
 CODEC_ALIASES = {"sse": "openai-sse"}
 """Short codec names the client accepts besides the registered ones."""
 
-_ERRORS = (InvalidRequestError, AuthenticationError, PermissionDeniedError, NotFoundError, RateLimitError,
+# the status-specific 400-family classes first: for the shared openai_type the last one wins
+_ERRORS = (NotAcceptableError, PayloadTooLargeError, UnsupportedMediaTypeError, InvalidRequestError, AuthenticationError, PermissionDeniedError, NotFoundError, RateLimitError,
            ServiceUnavailableError, RequestTimeoutError, CodecError, InternalError)
 _BY_STATUS: dict[int, type[LaminaError]] = {cls.http_status: cls for cls in _ERRORS}
 _BY_TYPE: dict[str, type[LaminaError]] = {cls.openai_type: cls for cls in _ERRORS}
@@ -66,7 +68,7 @@ def _request(model: str, prompt: str | None, messages: Messages | None, stream: 
 
 def http_error(response: httpx.Response) -> LaminaError:
     """The error a non-200 response reports: the ``LaminaError`` subclass of its status, or
-    a plain ``LaminaError`` carrying the status for one without a class (406, 413, 415)."""
+    a plain ``LaminaError`` carrying the status for one without a class (409, say)."""
     try:
         error = orjson.loads(response.content)["error"]
         message, param, code = str(error["message"]), error.get("param"), error.get("code")

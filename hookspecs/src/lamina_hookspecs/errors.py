@@ -69,6 +69,26 @@ class ContextLengthError(InvalidRequestError):
         super().__init__(message, param=param, code="context_length_exceeded")
 
 
+class NotAcceptableError(LaminaError):
+    """No codec speaks any media type the client accepts (HTTP 406)."""
+
+    http_status = 406
+    grpc_code = "INVALID_ARGUMENT"
+    openai_type = "invalid_request_error"
+
+
+class PayloadTooLargeError(InvalidRequestError):
+    """The request body is over the server's limit (HTTP 413)."""
+
+    http_status = 413
+
+
+class UnsupportedMediaTypeError(InvalidRequestError):
+    """The request body is not JSON (HTTP 415)."""
+
+    http_status = 415
+
+
 class AuthenticationError(LaminaError):
     """Missing or unknown API key (HTTP 401)."""
 

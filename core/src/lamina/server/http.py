@@ -27,7 +27,15 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from lamina_hookspecs.errors import InvalidRequestError, LaminaError, NotFoundError, ServiceUnavailableError
+from lamina_hookspecs.errors import (
+    InvalidRequestError,
+    LaminaError,
+    NotAcceptableError,
+    NotFoundError,
+    PayloadTooLargeError,
+    ServiceUnavailableError,
+    UnsupportedMediaTypeError,
+)
 from lamina_hookspecs.protocols import Codec
 from lamina_hookspecs.types import Request, RequestContext, StreamError, StreamMeta, TokenChunk
 from lamina.pipeline import run_request
@@ -38,26 +46,6 @@ from lamina.stack import Stack
 log = structlog.get_logger(__name__)
 
 DEFAULT_ACCEPT = {"*/*", "application/*", "text/*", "application/json", "text/event-stream", ""}
-
-
-class NotAcceptableError(LaminaError):
-    """No codec speaks any media type the client accepts (HTTP 406)."""
-
-    http_status = 406
-    grpc_code = "INVALID_ARGUMENT"
-    openai_type = "invalid_request_error"
-
-
-class PayloadTooLargeError(InvalidRequestError):
-    """The body is over the server's limit (HTTP 413)."""
-
-    http_status = 413
-
-
-class UnsupportedMediaTypeError(InvalidRequestError):
-    """The body is not JSON (HTTP 415)."""
-
-    http_status = 415
 
 
 def error_response(error: LaminaError, request_id: str | None = None) -> JSONResponse:
