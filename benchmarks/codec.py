@@ -35,7 +35,6 @@ import asyncio
 import gc
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,7 @@ import gguf
 import httpx
 import orjson
 
+from lamina.bench.servers import free_port
 from lamina.bench.workloads import sharegpt_answers
 from lamina.client import AsyncLaminaClient, load_codec
 from lamina_hookspecs.errors import CodecError
@@ -299,12 +299,6 @@ def measure_codecs(meta: StreamMeta, chunks: list[TokenChunk], rounds: int,
 
 
 # --- end to end: lamina serve with the echo executor ------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def start_server(workdir: Path) -> tuple[str, subprocess.Popen[bytes]]:

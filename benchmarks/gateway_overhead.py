@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ import grpc
 import httpx
 from tqdm import tqdm
 
+from lamina.bench.servers import free_port
 from lamina.server.proto.lamina.v1 import inference_pb2 as pb
 from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
 
@@ -81,11 +81,6 @@ async def stream(request):
 app = Starlette(routes=[Route("/v1/completions", stream, methods=["POST"])])
 '''
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lamina.bench.servers import free_port
 from lamina_jax.testing import write_tiny_gguf
 from starlette.testclient import TestClient
 
@@ -96,16 +96,11 @@ def test_200_streams_cut_off_mid_way_free_every_kv_block(live: Any, tiny_model: 
     assert executor.engine.scheduler.running == [] and not executor.engine.scheduler.waiting
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_sigterm_drains_in_flight_streams_then_exits_zero(tmp_path: Path) -> None:
     stack = tmp_path / "slow-echo.toml"
     stack.write_text('[executor]\nuse = "echo"\ntoken_delay_s = 0.2\n[server]\ndrain_timeout_s = 20\ngrpc_port = 0\n')
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "serve.log").open("wb")
     process = subprocess.Popen([sys.executable, "-m", "lamina.cli", "serve", str(stack), "--port", str(port)],
                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
