@@ -257,3 +257,38 @@ def test_health_follows_the_executors(monkeypatch: pytest.MonkeyPatch) -> None:
             await asyncio.sleep(0.01)
 
     run({"executor": {"use": "flaky"}}, scenario, ("flaky", flaky))
+
+
+def test_bearer_keys_in_metadata_authenticate(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAMINA_GRPC_KEYS", "acme=sk-grpc-1")
+
+    async def check(live: Live) -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            [c async for c in live.stub.Generate(text("hi"))]
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        call = live.stub.Generate(text("hi there"), metadata=(("authorization", "Bearer sk-grpc-1"),))
+        assert "".join([c.text async for c in call]) == "hi there"
+
+    run({**ECHO, "admission": [{"use": "api-keys", "keys_env": "LAMINA_GRPC_KEYS"}]}, check)
+
+
+def test_a_named_codec_streams_its_frames_which_decode_to_the_typed_chunks() -> None:
+    async def check(live: Live) -> None:
+        typed = [c async for c in live.stub.Generate(text(WORDS, max_tokens=12))]
+        request = text(WORDS, max_tokens=12)
+        request.codec = "application/x-lamina-stc"
+        framed = [c async for c in live.stub.Generate(request)]
+        assert all(c.frames and not c.text and not c.token_ids for c in framed)
+        decoder = live.stack.codec_for("application/x-lamina-stc").decoder()
+        items = [item for c in framed for item in decoder.feed(c.frames)]
+        decoder.close()
+        chunks = [item for item in items if isinstance(item, TokenChunk)]
+        assert [(c.text, list(c.token_ids)) for c in chunks] == [(c.text, list(c.token_ids)) for c in typed]
+        assert chunks[-1].finish_reason == typed[-1].finish_reason == "length"
+        assert chunks[-1].usage.completion_tokens == typed[-1].usage.completion_tokens == 12
+        request.codec = "application/x-nope"
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            [c async for c in live.stub.Generate(request)]
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "x-nope" in info.value.details()
+
+    run(ECHO, check)

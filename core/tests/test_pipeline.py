@@ -132,6 +132,8 @@ class DenyAll:
     @hookimpl
     def lamina_register_rate_limiters(self, register: Any) -> None:
         class Deny:
+            key_by, unit = "tenant", "requests"
+
             def acquire(self, key: str, now: float, cost: float = 1.0) -> RateDecision:
                 return RateDecision(allowed=False, retry_after_s=2.5)
 

@@ -130,6 +130,10 @@ class EveryLayer:
         register("shared", lambda o, c: None)
 
     @hookimpl
+    def lamina_register_authenticators(self, register: Any) -> None:
+        register("au", lambda o, c: None)
+
+    @hookimpl
     def lamina_register_validators(self, register: Any) -> None:
         register("v", lambda o, c: None)
 
@@ -152,7 +156,7 @@ def test_every_registration_hook_is_collected() -> None:
     info = load_plugins(entry_points=False, extra=[("every", EveryLayer())]).infos["every"]
     assert info.registered == {
         "router": ["r"], "codec": ["c"], "executor": ["e"], "prefix_cache": ["p"], "autoscaler": ["a"],
-        "rate_limiter": ["shared"], "validator": ["v"], "breaker": ["k"], "batching": ["b"],
+        "rate_limiter": ["shared"], "authenticator": ["au"], "validator": ["v"], "breaker": ["k"], "batching": ["b"],
     }
     assert info.error is None
 

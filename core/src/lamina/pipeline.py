@@ -44,6 +44,7 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
             await notify(pm, "lamina_request_admitted", ctx=ctx)
             backend = pm.hook.lamina_route(ctx=ctx, request=request, backends=stack.backend_states(request, ctx))
             ctx.backend = backend.name
+            stack.admission.started(backend.name, time.monotonic())
             await notify(pm, "lamina_request_routed", ctx=ctx)
             stream = stack.backends[backend.name].generate(request)
             try:
@@ -65,8 +66,8 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
             raise error from exc
         finally:
             ctx.finished_at = time.monotonic()
-            for breaker in stack.breakers():
-                breaker.record(ctx.endpoint, ok=error is None or error.http_status < 500, now=ctx.finished_at)
+            if ctx.backend is not None:
+                stack.admission.record(ctx.backend, error is None or error.http_status < 500, ctx.finished_at)
             if error is None:
                 await notify(pm, "lamina_request_finished", ctx=ctx, finish_reason=finish)
             else:

@@ -8,7 +8,6 @@ The hot path then calls the resolved objects directly.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,11 +15,12 @@ import attrs
 import structlog
 
 from lamina_hookspecs import hookimpl, layers
-from lamina_hookspecs.errors import ConfigError, NoBackendError, RateLimitError, ServiceUnavailableError
-from lamina_hookspecs.protocols import Breaker, Codec, Executor, RateLimiter, Validator
+from lamina_hookspecs.errors import ConfigError, NoBackendError
+from lamina_hookspecs.protocols import Codec, Executor
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, Request, RequestContext, StackInfo
 from lamina.ab import ArmPicker
+from lamina.admission import Admission, Entry
 from lamina.lifecycle import notify
 from lamina.options import build_options
 from lamina.plugins import PluginSet
@@ -56,8 +56,10 @@ def _instantiate(spec: ComponentSpec, context: BuildContext) -> Any:
     component = spec.component
     try:
         instance = component.factory(spec.options, context)
-    except ConfigError:
-        raise
+    except ConfigError as exc:  # a factory names its own option; say where that option is
+        if exc.path.startswith(spec.path):
+            raise
+        raise ConfigError(f"{spec.path}.{exc.path}" if exc.path else spec.path, exc.problem) from None
     except Exception as exc:
         raise ConfigError(spec.path, f"{component.layer.noun} '{component.name}' (plugin '{component.plugin}') "
                                      f"failed to build: {type(exc).__name__}: {exc}") from exc
@@ -104,18 +106,28 @@ class Stack:
         self.routers = _build_arms("router", config.layers["router"], name)
         self.codecs = _build_arms("codec", config.layers["codec"], name)
         self.autoscaler = _build_arms("autoscaler", config.layers["autoscaler"], name).instances[""]
-        self.admission: list[tuple[ComponentSpec, Any]] = [
-            (spec, _instantiate(spec, BuildContext(stack_name=name))) for spec in config.admission
-        ]
         self.backends: dict[str, Executor] = {
             (arm or "local"): executor for arm, executor in self.executors.instances.items()
         }
+        self.admission = self._build_admission(config.admission, name)
         self._core_hooks = _CoreHooks(self)
         self._codecs_by_type: dict[str, Codec] | None = None
 
-    def breakers(self) -> list[Breaker]:
-        """The admission breakers; the pipeline reports each request's outcome to them."""
-        return [component for _, component in self.admission if isinstance(component, Breaker)]
+    def _build_admission(self, specs: Sequence[ComponentSpec | Split], name: str) -> Admission:
+        entries, breakers = [], []
+        for i, value in enumerate(specs):
+            arms = _build_arms(f"admission[{i}]", value, name)
+            first = value.arms[0].spec if isinstance(value, Split) else value
+            kind = first.component.layer
+            if kind is layers.BREAKER:
+                breakers.append(arms.instances[""])
+            else:
+                entries.append(Entry(layer=kind, name=first.name if isinstance(value, ComponentSpec) else arms.layer,
+                                     pick=lambda ctx, arms=arms: arms.pick(ctx)[1]))
+        return Admission(entries, breakers, self._context_length)
+
+    def _context_length(self) -> int:
+        return min(executor.model.context_length for executor in self.backends.values())
 
     @property
     def info(self) -> StackInfo:
@@ -149,11 +161,17 @@ class Stack:
         return self._codecs_by_type.get(media_type)
 
     def backend_states(self, request: Request, ctx: RequestContext) -> list[BackendState]:
-        """Live state of the backends that may serve this request (its executor arm's, under a split)."""
+        """Live state of the backends that may serve this request (its executor arm's, under a split),
+        each marked ``circuit_open`` when a breaker holds it closed to new work."""
         if self.executors.picker is not None:
             arm, executor = self.executors.pick(ctx)
-            return [attrs.evolve(executor.state(), name=arm)]
-        return [attrs.evolve(executor.state(), name=name) for name, executor in self.backends.items()]
+            candidates = {arm: executor}
+        else:
+            candidates = self.backends
+        now = ctx.received_at
+        return [attrs.evolve(executor.state(), name=name,
+                             circuit_open=self.admission.retry_after(name, now) is not None)
+                for name, executor in candidates.items()]
 
     async def start(self) -> None:
         """Start every executor, then tell observers the stack is up."""
@@ -178,23 +196,16 @@ class _CoreHooks:
 
     @hookimpl(trylast=True)
     def lamina_admit(self, ctx: RequestContext, body: Mapping[str, Any]) -> None:
-        now = time.monotonic()
-        for spec, component in self.stack.admission:
-            if isinstance(component, Validator):
-                component.validate(ctx.endpoint, body)
-            elif isinstance(component, RateLimiter):
-                decision = component.acquire(ctx.tenant, now)
-                if not decision.allowed:
-                    raise RateLimitError(f"rate limit '{spec.name}' exceeded for tenant {ctx.tenant!r}",
-                                         code="rate_limit_exceeded", retry_after=decision.retry_after_s)
-            elif isinstance(component, Breaker) and not component.allow(ctx.endpoint, now):
-                raise ServiceUnavailableError(f"circuit breaker '{spec.name}' is open", code="circuit_open")
+        self.stack.admission.admit(ctx, body)
 
     @hookimpl(trylast=True)
     def lamina_route(self, ctx: RequestContext, request: Request, backends: Sequence[BackendState]
                      ) -> BackendState:
         if not backends:
             raise NoBackendError(f"no backend serves model {request.model!r}", code="no_backend")
+        if all(b.circuit_open for b in backends):
+            waits = [self.stack.admission.retry_after(b.name, ctx.received_at) or 0.0 for b in backends]
+            raise NoBackendError(f"every backend for model {request.model!r} has its circuit open",
+                                 code="circuit_open", retry_after=min(waits))
         _, router = self.stack.routers.pick(ctx)
         return router.choose(request, backends)
-

@@ -110,7 +110,7 @@ class StackConfig:
     meta: StackMeta
     server: ServerConfig
     layers: dict[str, ComponentSpec | Split | None]
-    admission: tuple[ComponentSpec, ...]
+    admission: tuple[ComponentSpec | Split, ...]
     source: Path | None = None
 
     @classmethod
@@ -140,7 +140,8 @@ class StackConfig:
                         f"ab.{layer.key}",
                         f"[{layer.key}] and [ab.{layer.key}] are both given; put every implementation in an arm",
                     )
-                resolved[layer.key] = _split(layer, _table(ab[layer.key], f"ab.{layer.key}"), registry)
+                resolved[layer.key] = _split((layer,), _table(ab[layer.key], f"ab.{layer.key}"), f"ab.{layer.key}",
+                                             registry)
             elif layer.key in data:
                 resolved[layer.key] = _spec((layer,), _table(data[layer.key], layer.key), layer.key, registry)
             elif layer.key in DEFAULTS:
@@ -155,7 +156,7 @@ class StackConfig:
             server=build_options(ServerConfig, _table(data.get("server", {}), "server"), "server"),
             layers=resolved,
             admission=tuple(
-                _spec(layers.ADMISSION, _table(item, f"admission[{i}]"), f"admission[{i}]", registry)
+                _admission_entry(_table(item, f"admission[{i}]"), f"admission[{i}]", registry)
                 for i, item in enumerate(admission)
             ),
             source=source,
@@ -179,7 +180,7 @@ class StackConfig:
             "stack": attrs.asdict(self.meta),
             "server": attrs.asdict(self.server),
             **{key: entry(value) for key, value in self.layers.items()},
-            "admission": [spec(s) for s in self.admission],
+            "admission": [entry(s) for s in self.admission],
             "source": str(self.source) if self.source else None,
         }
 
@@ -202,8 +203,21 @@ def _spec(kinds: tuple[Layer, ...], table: Mapping[str, Any], path: str, registr
     return ComponentSpec(component=component, options=build_options(component.options, options, path), path=path)
 
 
-def _split(layer: Layer, table: Mapping[str, Any], registry: ComponentRegistry) -> Split:
-    path = f"ab.{layer.key}"
+def _admission_entry(table: Mapping[str, Any], path: str, registry: ComponentRegistry) -> ComponentSpec | Split:
+    """One ``[[admission]]`` table: ``use = ...`` with options, or ``arms = [...]`` (same kind in every arm)."""
+    if "arms" not in table:
+        return _spec(layers.ADMISSION, table, path, registry)
+    split = _split(layers.ADMISSION, table, path, registry)
+    kinds = {arm.spec.component.layer for arm in split.arms}
+    if len(kinds) > 1:
+        raise ConfigError(f"{path}.arms", "every arm must be the same kind of component; got "
+                                          + ", ".join(sorted(kind.noun for kind in kinds)))
+    if kinds == {layers.BREAKER}:
+        raise ConfigError(f"{path}.arms", "a breaker watches backends, not requests: it cannot be split into arms")
+    return split
+
+
+def _split(kinds: tuple[Layer, ...], table: Mapping[str, Any], path: str, registry: ComponentRegistry) -> Split:
     check_keys(table, ("arms", "sticky_by"), path, what="key")
     sticky_by = table.get("sticky_by", "tenant")
     if sticky_by not in STICKY_KEYS:
@@ -224,5 +238,5 @@ def _split(layer: Layer, table: Mapping[str, Any], registry: ComponentRegistry) 
             raise ConfigError(f"{arm_path}.weight", f"must be a positive number; got {weight!r}")
         seen.add(name)
         rest = {k: v for k, v in raw.items() if k not in ("name", "weight")}
-        arms.append(Arm(name=name, weight=float(weight), spec=_spec((layer,), rest, arm_path, registry)))
+        arms.append(Arm(name=name, weight=float(weight), spec=_spec(kinds, rest, arm_path, registry)))
     return Split(arms=tuple(arms), sticky_by=sticky_by)

@@ -14,7 +14,7 @@ they fire in this order::
 
     lamina_request_wrap        (async context managers entered around all below)
     lamina_request_received    body read, request id assigned
-    lamina_admit               validate → authenticate → rate-limit → breaker (may reject)
+    lamina_admit               authenticate → validate → rate-limit (may reject)
     lamina_request_admitted
     lamina_route               choose a backend (firstresult)
     lamina_request_routed
@@ -115,6 +115,15 @@ def lamina_register_rate_limiters(register: Register) -> None:
 
 
 @hookspec
+def lamina_register_authenticators(register: Register) -> None:
+    """Register admission authenticators; factories return an
+    :class:`~lamina_hookspecs.protocols.Authenticator`. Called like ``lamina_register_routers``.
+
+    :param register: the registration callback.
+    """
+
+
+@hookspec
 def lamina_register_validators(register: Register) -> None:
     """Register admission request validators; factories return a
     :class:`~lamina_hookspecs.protocols.Validator`. Called like ``lamina_register_routers``.
@@ -197,13 +206,13 @@ def lamina_request_received(ctx: RequestContext) -> None:
 def lamina_admit(ctx: RequestContext, body: Mapping[str, Any]) -> None:
     """Decide whether a request enters: raise a ``LaminaError`` to reject it.
 
-    Core's own implementation runs the stack's ``[[admission]]`` components (validators,
-    rate limiters, breakers) in order. Add a plain implementation to add a check of your
+    Core's own implementation runs the stack's ``[[admission]]`` components: authenticators
+    (which set ``ctx.tenant``), then validators, then rate limiters. Breakers act at routing. Add a plain implementation to add a check of your
     own, or a ``wrapper=True`` one to time or annotate admission. Called once per request
     on the event loop, before anything is started. Not an observer: an exception here
     rejects the request with that error's HTTP status.
 
-    :param ctx: the request's context (tenant already set by authentication).
+    :param ctx: the request's context (``ctx.credential`` holds the bearer token, if any).
     :param body: the parsed JSON request body.
     """
 

@@ -35,6 +35,10 @@ AUTOSCALER = Layer(
 RATE_LIMITER = Layer(
     key="rate_limiter", noun="rate limiter", hook="lamina_register_rate_limiters", protocol=protocols.RateLimiter
 )
+AUTHENTICATOR = Layer(
+    key="authenticator", noun="authenticator", hook="lamina_register_authenticators",
+    protocol=protocols.Authenticator,
+)
 VALIDATOR = Layer(key="validator", noun="validator", hook="lamina_register_validators", protocol=protocols.Validator)
 BREAKER = Layer(key="breaker", noun="breaker", hook="lamina_register_breakers", protocol=protocols.Breaker)
 BATCHING = Layer(
@@ -42,9 +46,10 @@ BATCHING = Layer(
 )
 
 LAYERS: tuple[Layer, ...] = (
-    ROUTER, CODEC, EXECUTOR, PREFIX_CACHE, AUTOSCALER, RATE_LIMITER, VALIDATOR, BREAKER, BATCHING,
+    ROUTER, CODEC, EXECUTOR, PREFIX_CACHE, AUTOSCALER, AUTHENTICATOR, VALIDATOR, RATE_LIMITER, BREAKER, BATCHING,
 )
 """Every registrable kind, in the order ``lamina plugins`` lists them."""
 
-ADMISSION: tuple[Layer, ...] = (VALIDATOR, RATE_LIMITER, BREAKER)
-"""The kinds a stack's ``[[admission]]`` list may use; their names share one namespace."""
+ADMISSION: tuple[Layer, ...] = (AUTHENTICATOR, VALIDATOR, RATE_LIMITER, BREAKER)
+"""The kinds a stack's ``[[admission]]`` list may use, in the order core runs them (whatever
+the order of the list); their names share one namespace."""

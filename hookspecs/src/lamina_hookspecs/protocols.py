@@ -8,12 +8,13 @@ protocols are ``runtime_checkable`` so the conformance kit can check shape.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from lamina_hookspecs.types import (
     BackendState,
     ModelInfo,
     PrefixMatch,
+    Principal,
     RateDecision,
     Request,
     ScaleDecision,
@@ -154,10 +155,31 @@ class Autoscaler(Protocol):
 
 @runtime_checkable
 class RateLimiter(Protocol):
-    """Admission: limits request rate per key (tenant, user, ...)."""
+    """Admission: limits the rate of requests, or of tokens, per key.
+
+    Core reads ``key_by`` and ``unit`` to call ``acquire`` with the request's key (its
+    tenant, its API key's id, or its client address) and cost (1 per request, or the
+    prompt's estimated tokens plus ``max_tokens``). ``acquire`` runs on the event loop, so an
+    in-process limiter needs no lock; it must keep memory bounded however many keys it sees.
+    """
+
+    key_by: Literal["tenant", "api_key", "client"]
+    unit: Literal["requests", "tokens"]
 
     def acquire(self, key: str, now: float, cost: float = 1.0) -> RateDecision:
-        """Take ``cost`` units for ``key`` at time ``now`` (seconds, monotonic) if allowed."""
+        """Take ``cost`` units for ``key`` at time ``now`` (seconds, monotonic) if allowed;
+        a refusal says in ``retry_after_s`` when the same cost would be allowed."""
+        ...
+
+
+@runtime_checkable
+class Authenticator(Protocol):
+    """Admission: turns the credential a request presents into the tenant it acts for."""
+
+    def authenticate(self, credential: str | None) -> Principal:
+        """Return who ``credential`` (the bearer token, ``None`` when absent) belongs to, or
+        raise :class:`~lamina_hookspecs.errors.AuthenticationError` (HTTP 401). Compare
+        secrets in constant time; never log or keep the credential itself."""
         ...
 
 
@@ -173,14 +195,21 @@ class Validator(Protocol):
 
 @runtime_checkable
 class Breaker(Protocol):
-    """Admission: stops sending work to a failing target until it recovers."""
+    """Admission: a circuit breaker per backend. Core asks it which backends may take work
+    (an open circuit takes a backend out of the router's candidates), tells it which one a
+    request went to, and reports how that request ended."""
 
-    def allow(self, key: str, now: float) -> bool:
-        """Whether a request for ``key`` may proceed now (half-open probes count here)."""
+    def retry_after(self, key: str, now: float) -> float | None:
+        """``None`` when backend ``key`` may take a request now (closed, or half-open with a
+        probe free); otherwise the seconds until it may. Must not change state."""
+        ...
+
+    def started(self, key: str, now: float) -> None:
+        """A request was routed to ``key`` (in half-open state it is a probe)."""
         ...
 
     def record(self, key: str, ok: bool, now: float) -> None:
-        """Report the outcome of a request that ``allow`` let through."""
+        """The outcome of a request routed to ``key``: ``ok`` unless the backend failed (5xx)."""
         ...
 
 

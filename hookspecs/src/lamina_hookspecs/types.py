@@ -17,7 +17,9 @@ Role = Literal["system", "user", "assistant", "tool"]
 
 
 def _tuple_of_ints(value: object) -> tuple[int, ...]:
-    return tuple(int(v) for v in value)  # type: ignore[attr-defined]
+    if type(value) is tuple:  # the per-token hot path: codecs and executors pass tuples of ints
+        return value
+    return tuple(map(int, value))  # type: ignore[call-overload]
 
 
 @attrs.frozen(kw_only=True)
@@ -189,11 +191,12 @@ class BackendState:
     kv_blocks_total: int = 0
     recent_latency_s: float | None = None
     tokens_per_s: float = 0.0
+    circuit_open: bool = False
 
     @property
     def available(self) -> bool:
-        """Healthy and not draining: a router may send new work here."""
-        return self.healthy and not self.draining
+        """Healthy, not draining and its circuit not open: a router may send new work here."""
+        return self.healthy and not self.draining and not self.circuit_open
 
     @property
     def kv_usage(self) -> float:
@@ -217,6 +220,14 @@ class RateDecision:
     allowed: bool
     retry_after_s: float = 0.0
     remaining: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Principal:
+    """Who an authenticated request acts for: its tenant and a non-secret id of its key."""
+
+    tenant: str
+    key_id: str
 
 
 @attrs.frozen(kw_only=True)
@@ -248,11 +259,19 @@ class RequestContext:
     parsed) and fills in the rest; observers read it. ``arms`` maps an A/B split layer
     to the arm this request was assigned; ``attributes`` holds plugin-defined data
     (request features, trace ids), keyed by plugin name.
+
+    ``credential`` is the bearer token the client presented: only authenticators read it,
+    and core clears it once admission has run; it is left out of ``repr``, so it never
+    reaches a log line. ``api_key_id`` is a non-secret id of the key (for limits and logs),
+    ``client`` the peer's address.
     """
 
     request_id: str
     endpoint: str
     tenant: str = "default"
+    credential: str | None = attrs.field(default=None, repr=False)
+    api_key_id: str | None = None
+    client: str | None = None
     request: Request | None = None
     arms: dict[str, str] = attrs.field(factory=dict)
     backend: str | None = None

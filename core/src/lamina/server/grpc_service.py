@@ -7,7 +7,9 @@ see the same body and :mod:`lamina.server.openai_api` validates it with the same
 messages. A :class:`LaminaError` ends the call with the status its ``grpc_code`` names,
 and with a ``retry-after`` trailer when it has one; after tokens were sent, the stream
 simply ends with that status. The request id goes out in the initial metadata
-(``x-request-id``) and in every chunk.
+(``x-request-id``) and in every chunk. A request that names a codec by media type
+(``codec: "application/x-lamina-stc"``) gets its stream as that codec's bytes in each
+chunk's ``frames`` — the same bytes the HTTP API sends — instead of typed fields.
 
 Stopping a request early: a client that cancels (or whose deadline passes) gets its handler
 cancelled by grpc, which closes the pipeline and so frees the request's KV cache.
@@ -26,16 +28,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from lamina_hookspecs.errors import InvalidRequestError, LaminaError, NotFoundError, ServiceUnavailableError
-from lamina_hookspecs.types import RequestContext, TokenChunk
+from lamina_hookspecs.errors import (
+    InvalidRequestError, LaminaError, NotAcceptableError, NotFoundError, ServiceUnavailableError,
+)
+from lamina_hookspecs.types import RequestContext, StreamMeta, TokenChunk
+from lamina.admission import bearer_token
 from lamina.pipeline import run_request
 from lamina.server.openai_api import parse_chat, parse_completion
 from lamina.server.proto.lamina.v1 import inference_pb2 as pb
@@ -201,19 +207,43 @@ class InferenceService(pb_grpc.InferenceServicer):
         try:
             await context.send_initial_metadata((("x-request-id", request_id),))
             kind, body = openai_body(request)
-            ctx = RequestContext(request_id=request_id, endpoint=kind)
+            write = self._writer(request, request_id, kind)
+            metadata = dict(context.invocation_metadata() or ())
+            ctx = RequestContext(request_id=request_id, endpoint=kind, client=context.peer(),
+                                 credential=bearer_token(metadata.get("authorization")))
             parse = parse_chat if kind == "chat" else parse_completion
             chunks = run_request(self.stack, ctx, body, lambda b: parse(b, request_id, ctx.tenant))
             async with contextlib.aclosing(chunks):  # type: ignore[type-var]
                 while (chunk := await flight.next(chunks)) is not None:
-                    await context.write(to_proto(request_id, chunk))
+                    await context.write(write(chunk))
                     index, final = chunk.index + len(chunk.token_ids), chunk.is_final
         except LaminaError as error:
             await _fail(context, error)
         finally:
             del self._flights[request_id]
         if flight.aborted and not final:
-            await context.write(pb.GenerateChunk(request_id=request_id, index=index, finish_reason="abort"))
+            await context.write(write(TokenChunk(request_id=request_id, index=index, finish_reason="abort")))
+
+    def _writer(self, request: pb.GenerateRequest, request_id: str, kind: str
+                ) -> Callable[[TokenChunk], pb.GenerateChunk]:
+        """Chunk → message: typed fields, or the frames of the codec the request named."""
+        if not request.codec:
+            return lambda chunk: to_proto(request_id, chunk)
+        codec = self.stack.codec_for(request.codec)
+        if codec is None:
+            raise NotAcceptableError(f"codec: no installed codec speaks {request.codec!r}", param="codec")
+        encoder = codec.encoder()
+        meta = StreamMeta(request_id=request_id, model=request.model, created=int(time.time()),
+                          kind="chat" if kind == "chat" else "completion", include_usage=True)
+        header = [encoder.header(meta)]
+
+        def write(chunk: TokenChunk) -> pb.GenerateChunk:
+            frames = encoder.chunk(chunk)
+            if header:
+                frames = header.pop() + frames
+            return pb.GenerateChunk(request_id=request_id, frames=frames)
+
+        return write
 
     async def Abort(self, request: pb.AbortRequest, context: Context) -> pb.AbortReply:  # noqa: N802
         flight = self._flights.get(request.request_id)

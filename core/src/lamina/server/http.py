@@ -38,6 +38,7 @@ from lamina_hookspecs.errors import (
 )
 from lamina_hookspecs.protocols import Codec
 from lamina_hookspecs.types import Request, RequestContext, StreamError, StreamMeta, TokenChunk
+from lamina.admission import bearer_token
 from lamina.pipeline import run_request
 from lamina.server.metrics import Metrics
 from lamina.server.openai_api import completion_body, parse_chat, parse_completion
@@ -142,7 +143,9 @@ class Server:
 
     async def _generate(self, http: HttpRequest, kind: str, prefix: str,
                         parse: Callable[[Mapping[str, Any], str, str], Request]) -> Response:
-        ctx = RequestContext(request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=kind)
+        ctx = RequestContext(request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=kind,
+                             credential=bearer_token(http.headers.get("authorization")),
+                             client=http.client.host if http.client else None)
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(request_id=ctx.request_id)
         try:
@@ -151,7 +154,7 @@ class Server:
             body = await self._read_json(http)
             codec = self._negotiate(http.headers.get("accept", ""))
         except LaminaError as error:
-            self.metrics.requests.labels(kind, str(error.http_status)).inc()
+            self.metrics.requests.labels(kind, str(error.http_status), ctx.tenant).inc()
             return error_response(error, ctx.request_id)
         chunks = run_request(self.stack, ctx, body, lambda b: parse(b, ctx.request_id, ctx.tenant))
         self.in_flight += 1

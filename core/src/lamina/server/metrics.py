@@ -103,7 +103,8 @@ class Metrics:
         self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = prometheus_client.Counter(
-            "lamina_requests", "Requests by endpoint and HTTP status.", ["endpoint", "status"], registry=r)
+            "lamina_requests", "Requests by endpoint, HTTP status and tenant.", ["endpoint", "status", "tenant"],
+            registry=r)
         self.success = prometheus_client.Counter(
             "lamina_request_success", "Finished requests by finish reason.", ["finished_reason"], registry=r)
         self.ttft = prometheus_client.Histogram(
@@ -114,9 +115,9 @@ class Metrics:
         self.e2e = prometheus_client.Histogram(
             "lamina_e2e_request_latency_seconds", "End-to-end request latency.", buckets=LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = prometheus_client.Counter(
-            "lamina_prompt_tokens", "Prompt tokens processed.", registry=r)
+            "lamina_prompt_tokens", "Prompt tokens processed, by tenant.", ["tenant"], registry=r)
         self.generation_tokens = prometheus_client.Counter(
-            "lamina_generation_tokens", "Tokens generated.", registry=r)
+            "lamina_generation_tokens", "Tokens generated, by tenant.", ["tenant"], registry=r)
         r.register(_BackendGauges(stack))
         r.register(_PrefixCacheStats(stack))
 
@@ -130,14 +131,14 @@ class Metrics:
 
     @hookimpl
     def lamina_request_finished(self, ctx: RequestContext, finish_reason: FinishReason) -> None:
-        self.requests.labels(ctx.endpoint, "200").inc()
+        self.requests.labels(ctx.endpoint, "200", ctx.tenant).inc()
         self.success.labels(finish_reason).inc()
         if ctx.finished_at is not None:
             self.e2e.observe(ctx.finished_at - ctx.received_at)
         if ctx.usage is not None:
-            self.prompt_tokens.inc(ctx.usage.prompt_tokens)
-            self.generation_tokens.inc(ctx.usage.completion_tokens)
+            self.prompt_tokens.labels(ctx.tenant).inc(ctx.usage.prompt_tokens)
+            self.generation_tokens.labels(ctx.tenant).inc(ctx.usage.completion_tokens)
 
     @hookimpl
     def lamina_request_failed(self, ctx: RequestContext, error: LaminaError) -> None:
-        self.requests.labels(ctx.endpoint, str(error.http_status)).inc()
+        self.requests.labels(ctx.endpoint, str(error.http_status), ctx.tenant).inc()

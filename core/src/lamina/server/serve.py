@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -66,6 +67,26 @@ def _say(message: str) -> None:
     print(f"lamina: {message}", file=sys.stderr, flush=True)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_if_open(stack: Stack, host: str) -> bool:
+    """Warn when the stack serves a non-loopback address with no authenticator; returns whether it warned."""
+    if stack.admission.authenticates or is_loopback(host):
+        return False
+    log.warning("serving_without_authentication", host=host)
+    _say(f"WARNING: serving on {host} without authentication: anyone who can reach it can use it. "
+         "Add an [[admission]] entry with use = \"api-keys\" (keys_env or keys_file).")
+    return True
+
+
 def build_app(stack: Stack, http: Server, grpc: InferenceService | None = None) -> Starlette:
     """The ASGI app, whose lifespan starts the stack in the background (and the gRPC server,
     when given) and stops them at exit."""
@@ -113,6 +134,7 @@ def serve(stack: Stack) -> int:
                             timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)))
     server = _DrainingServer(config, http, grpc, settings.drain_timeout_s)
     _say(f"stack '{stack.config.meta.name}': {stack.info.components}")
+    warn_if_open(stack, host)
     _say(f"listening on http://{host}:{port} (loading the model; /ready turns 200 when it is loaded)")
     server.run()
     return 0

@@ -16,7 +16,9 @@ from typing import Any, ClassVar
 import pytest
 
 from lamina_hookspecs import layers
-from lamina_hookspecs.errors import CodecError, LaminaError, NoBackendError
+from lamina_hookspecs.errors import (
+    AuthenticationError, CodecError, InvalidRequestError, LaminaError, NoBackendError,
+)
 from lamina_hookspecs.layers import Layer
 from lamina_hookspecs.registration import BuildContext
 from lamina.testing.streams import decode_stream, encode_stream
@@ -245,6 +247,67 @@ class RateLimiterContract(ComponentContract):
         assert decision.retry_after_s > 0
         assert component.acquire("b", now).allowed, "keys must be independent"
         assert component.acquire("a", now + decision.retry_after_s + 1e-6).allowed
+
+
+class AuthenticatorContract(ComponentContract):
+    """An authenticator refuses a missing or unknown credential with a 401 that does not
+    echo the credential back."""
+
+    layer = layers.AUTHENTICATOR
+
+    @pytest.mark.parametrize("credential", [None, "", "sk-lamina-contract-never-issued-0c4e"])
+    def test_refuses_missing_and_unknown_credentials(self, component: Any, credential: str | None) -> None:
+        with pytest.raises(AuthenticationError) as info:
+            component.authenticate(credential)
+        assert info.value.http_status == 401
+        if credential:
+            assert credential not in info.value.message
+
+
+class ValidatorContract(ComponentContract):
+    """A validator accepts minimal OpenAI bodies and rejects a malformed one with a 400 that
+    names the field (``param``) in its message."""
+
+    layer = layers.VALIDATOR
+
+    def test_accepts_minimal_bodies(self, component: Any) -> None:
+        assert component.validate("chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}) is None
+        assert component.validate("completion", {"model": "m", "prompt": "hi"}) is None
+
+    def test_rejects_a_malformed_body_naming_the_field(self, component: Any) -> None:
+        with pytest.raises(InvalidRequestError) as info:
+            component.validate("chat", {"model": "m", "messages": [{"role": "user", "content": 7}]})
+        assert info.value.http_status == 400 and info.value.param
+        assert info.value.message.startswith(info.value.param)
+
+
+class BreakerContract(ComponentContract):
+    """A breaker lets a fresh backend through, opens after a long run of failures (for
+    that backend only), never reports a negative wait, and closes again after successes."""
+
+    layer = layers.BREAKER
+
+    def test_opens_on_failures_and_recovers(self, component: Any) -> None:
+        now = 1000.0
+        assert component.retry_after("a", now) is None
+        for _ in range(1000):
+            if component.retry_after("a", now) is not None:
+                break
+            component.started("a", now)
+            component.record("a", False, now)
+            now += 0.001
+        wait = component.retry_after("a", now)
+        assert wait is not None and wait > 0, "1000 straight failures did not open the circuit"
+        assert component.retry_after("b", now) is None, "circuits are per backend"
+        for _ in range(100):  # wait it out, then succeed
+            now += wait + 1e-3
+            component.started("a", now)
+            component.record("a", True, now)
+            wait = component.retry_after("a", now)
+            if wait is None:
+                break
+            assert wait >= 0
+        assert component.retry_after("a", now) is None, "successes after the cool-down did not close it"
 
 
 class AutoscalerContract(ComponentContract):

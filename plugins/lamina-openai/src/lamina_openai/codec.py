@@ -75,15 +75,19 @@ class SseEncoder:
     def __init__(self, *, include_usage: bool = False) -> None:
         self.include_usage = include_usage
         self._meta: StreamMeta | None = None
+        self._envelope = b""  # 'data: {"id":...,"model":...,"choices":' — the same in every chunk
         self._role_sent = False
         self._offset = 0  # characters of text written so far (completion text_offset)
 
     def header(self, meta: StreamMeta) -> bytes:
-        """Nothing: SSE repeats the metadata in every chunk, so it is only remembered
-        (with the client's ``include_usage`` choice, when it made one)."""
+        """Nothing: SSE repeats the metadata in every chunk, so it is only remembered (with the
+        client's ``include_usage`` choice, when it made one) and its JSON is built once here."""
         self._meta = meta
         if meta.include_usage is not None:
             self.include_usage = meta.include_usage
+        constant = orjson.dumps({"id": meta.request_id, "object": _OBJECT[meta.kind], "created": meta.created,
+                                 "model": meta.model})
+        self._envelope = b"data: " + constant[:-1] + b',"choices":'
         return b""
 
     def chunk(self, chunk: TokenChunk) -> bytes:
@@ -94,13 +98,13 @@ class SseEncoder:
         carries = chunk.text or chunk.token_ids or chunk.logprobs is not None
         if not chunk.is_final or carries or (meta.kind == "chat" and not self._role_sent):
             choice = self._chat_choice(chunk) if meta.kind == "chat" else self._completion_choice(chunk)
-            out += self._chunk_event(meta, [choice])
+            out += self._chunk_event([choice])
         if chunk.is_final:
             body: dict[str, Any] = {"delta": {}} if meta.kind == "chat" else {"text": ""}
-            out += self._chunk_event(meta, [{"index": 0, **body, "logprobs": None,
+            out += self._chunk_event([{"index": 0, **body, "logprobs": None,
                                              "finish_reason": chunk.finish_reason}])
             if self.include_usage and chunk.usage is not None:
-                out += self._chunk_event(meta, [], usage=chunk.usage)
+                out += self._chunk_event([], usage=chunk.usage)
             out += _DONE
         return bytes(out)
 
@@ -108,17 +112,17 @@ class SseEncoder:
         body = {"message": error.message, "type": error.type, "param": None, "code": error.code}
         return _event({"error": body}) + _DONE
 
-    def _chunk_event(self, meta: StreamMeta, choices: list[dict[str, Any]], usage: Usage | None = None) -> bytes:
-        payload: dict[str, Any] = {"id": meta.request_id, "object": _OBJECT[meta.kind],
-                                   "created": meta.created, "model": meta.model, "choices": choices}
-        if self.include_usage:
-            payload["usage"] = None if usage is None else {
-                "prompt_tokens": usage.prompt_tokens,
-                "completion_tokens": usage.completion_tokens,
-                "total_tokens": usage.total_tokens,
-                "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
-            }
-        return _event(payload)
+    def _chunk_event(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> bytes:
+        """One chunk event: the pre-built envelope, then only what changes (choices, usage)."""
+        if not self.include_usage:
+            return self._envelope + orjson.dumps(choices) + b"}\n\n"
+        usage_json = b"null" if usage is None else orjson.dumps({
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        })
+        return self._envelope + orjson.dumps(choices) + b',"usage":' + usage_json + b"}\n\n"
 
     def _chat_choice(self, chunk: TokenChunk) -> dict[str, Any]:
         delta = {"content": chunk.text} if self._role_sent else {"role": "assistant", "content": chunk.text}

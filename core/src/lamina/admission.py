@@ -1,0 +1,123 @@
+"""Admission: the stack's ``[[admission]]`` components, run for every request.
+
+Whatever order the stack file lists them in, core runs authenticators first (they set the
+request's tenant), then validators, then rate limiters — so a malformed or unauthenticated
+request never spends anyone's rate. Breakers do not judge requests: they judge backends,
+and core consults them when routing (an open circuit takes a backend out of the router's
+candidates; when every candidate's circuit is open the request gets 503 with
+``Retry-After``). Any entry but a breaker may be split between A/B arms like a layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from lamina_hookspecs import layers
+from lamina_hookspecs.errors import RateLimitError
+from lamina_hookspecs.layers import Layer
+from lamina_hookspecs.protocols import Breaker
+from lamina_hookspecs.types import RequestContext
+
+BYTES_PER_TOKEN = 4
+"""Prompts are not tokenized before admission; token limits count ~4 UTF-8 bytes per token
+(the usual rule of thumb for English BPE vocabularies), and token-id prompts exactly."""
+MESSAGE_OVERHEAD_TOKENS = 4
+"""Chat-template tokens added per message (role markers, separators)."""
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header or gRPC metadata value
+    (``None`` when absent or another scheme)."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    return (token.strip() or None) if scheme.lower() == "bearer" else None
+
+
+def estimate_tokens(body: Mapping[str, Any], context_length: int) -> int:
+    """Prompt tokens (estimated) plus the most tokens the request may generate: what a
+    token rate limit charges. A request without ``max_tokens`` may run to the context's end."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        prompt_tokens = len(prompt)
+    elif isinstance(prompt, str):
+        prompt_tokens = -(-len(prompt.encode()) // BYTES_PER_TOKEN)
+    else:
+        prompt_tokens = 0
+        for message in body.get("messages") or ():
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if isinstance(content, list):
+                content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+            text = content if isinstance(content, str) else ""
+            prompt_tokens += MESSAGE_OVERHEAD_TOKENS + -(-len(text.encode()) // BYTES_PER_TOKEN)
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    completion = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+    return prompt_tokens + (completion if completion is not None else max(context_length - prompt_tokens, 0))
+
+
+@attrs.define
+class Entry:
+    """One ``[[admission]]`` entry: its kind, the config path and a picker over its arms."""
+
+    layer: Layer
+    name: str
+    pick: Callable[[RequestContext], Any]
+
+
+class Admission:
+    """Runs a stack's admission entries for each request and holds its breakers."""
+
+    def __init__(self, entries: Iterable[Entry], breakers: Iterable[Breaker],
+                 context_length: Callable[[], int]) -> None:
+        order = {layer.key: i for i, layer in enumerate(layers.ADMISSION)}
+        self.entries = sorted(entries, key=lambda e: order[e.layer.key])
+        self.breakers = list(breakers)
+        self.context_length = context_length
+
+    def admit(self, ctx: RequestContext, body: Mapping[str, Any]) -> None:
+        """Authenticate, validate and rate-limit one request; raise the ``LaminaError`` that rejects it."""
+        try:
+            for entry in self.entries:
+                component = entry.pick(ctx)
+                kind = entry.layer
+                if kind is layers.AUTHENTICATOR:
+                    principal = component.authenticate(ctx.credential)
+                    ctx.tenant, ctx.api_key_id = principal.tenant, principal.key_id
+                elif kind is layers.VALIDATOR:
+                    component.validate(ctx.endpoint, body)
+                elif kind is layers.RATE_LIMITER:
+                    self._limit(entry.name, component, ctx, body)
+        finally:
+            ctx.credential = None
+
+    def _limit(self, name: str, limiter: Any, ctx: RequestContext, body: Mapping[str, Any]) -> None:
+        key_by = limiter.key_by
+        key = ctx.tenant if key_by == "tenant" else (ctx.api_key_id if key_by == "api_key" else ctx.client)
+        cost = 1.0 if limiter.unit == "requests" else float(estimate_tokens(body, self.context_length()))
+        decision = limiter.acquire(key or "anonymous", ctx.received_at, cost)
+        if not decision.allowed:
+            raise RateLimitError(f"rate limit '{name}' exceeded ({limiter.unit} per {key_by}); retry in "
+                                 f"{decision.retry_after_s:.2f}s", code="rate_limit_exceeded",
+                                 retry_after=decision.retry_after_s)
+
+    def retry_after(self, backend: str, now: float) -> float | None:
+        """``None`` when ``backend``'s circuits are all closed (or probing), else seconds to wait."""
+        waits = [wait for breaker in self.breakers if (wait := breaker.retry_after(backend, now)) is not None]
+        return max(waits) if waits else None
+
+    def started(self, backend: str, now: float) -> None:
+        for breaker in self.breakers:
+            breaker.started(backend, now)
+
+    def record(self, backend: str, ok: bool, now: float) -> None:
+        for breaker in self.breakers:
+            breaker.record(backend, ok, now)
+
+    @property
+    def authenticates(self) -> bool:
+        return any(entry.layer is layers.AUTHENTICATOR for entry in self.entries)

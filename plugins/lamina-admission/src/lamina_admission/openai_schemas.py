@@ -1,0 +1,149 @@
+"""The JSON Schemas (draft-07) of the two OpenAI request bodies Lamina serves.
+
+``chat_schema()`` is the body of ``POST /v1/chat/completions`` and ``completion_schema()``
+the body of ``POST /v1/completions``. They describe exactly what
+``lamina.server.openai_api.parse_chat``/``parse_completion`` accept: the same field sets
+(unknown fields are refused, ``additionalProperties: false``), types and ranges, and the
+fields OpenAI defines that Lamina supports at one value only (``n`` = 1, penalties = 0,
+no tools...). ``null`` is accepted wherever the parser treats it as "not given".
+
+The schemas are plain data: dump them with ``json.dumps`` to publish them, or extend a
+copy (a further ``enum``, a tighter ``maximum``) and hand it to
+:class:`~lamina_admission.schema_validator.SchemaValidator`. Only draft-07 keywords are
+used, so any draft-07 validator reads them the same way; ``errorMessage`` (the ajv-errors
+convention) is an annotation that validators ignore and the Lamina validator uses as the
+rule's wording.
+
+Where draft-07 cannot say what the parser says, the schema is more lenient and the parser
+still refuses the body: JSON Schema's ``integer`` admits ``5.0``, which the parser rejects
+for integer fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DRAFT_07 = "http://json-schema.org/draft-07/schema#"
+ROLES = ("system", "user", "assistant", "tool")
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
+
+
+def _nullable(*types: str) -> dict[str, Any]:
+    return {"type": [*types, "null"]}
+
+
+def _only(value: Any, description: str) -> dict[str, Any]:
+    """A field OpenAI defines that Lamina supports at one value (or unset)."""
+    return {"enum": [value, None], "description": description}
+
+
+def _max_tokens(max_tokens_limit: int | None) -> dict[str, Any]:
+    schema = {**_nullable("integer"), "minimum": 1}
+    if max_tokens_limit is not None:
+        schema["maximum"] = max_tokens_limit
+    return schema
+
+
+def _common(max_tokens_limit: int | None) -> dict[str, Any]:
+    """The properties both endpoints share (``_COMMON`` in ``openai_api.py``)."""
+    return {
+        "model": {"type": "string", "minLength": 1, "description": "the id of a model from GET /v1/models"},
+        "max_tokens": _max_tokens(max_tokens_limit),
+        "temperature": {**_nullable("number"), "minimum": 0, "maximum": 2},
+        "top_p": {**_nullable("number"), "exclusiveMinimum": 0, "maximum": 1},
+        "top_k": {**_nullable("integer"), "minimum": -1, "description": "0 or -1: no top-k cut"},
+        "seed": _nullable("integer"),
+        "stop": {
+            **_nullable("string", "array"), "minLength": 1, "maxItems": 4,
+            "items": {"type": "string", "minLength": 1},
+            "description": "a non-empty string or a list of at most 4 of them",
+        },
+        "n": _only(1, "Lamina returns one choice per request"),
+        "stream": {"type": "boolean"},
+        "stream_options": {
+            **_nullable("object"), "additionalProperties": False,
+            "properties": {"include_usage": {"type": "boolean"}},
+        },
+        "user": _nullable("string"),
+        "presence_penalty": _only(0, "penalties are not supported"),
+        "frequency_penalty": _only(0, "penalties are not supported"),
+        "logit_bias": _only({}, "logit_bias is not supported"),
+        "ignore_eos": {"type": "boolean"},
+        "stop_token_ids": {"type": "array", "items": {"type": "integer"}},
+    }
+
+
+def _body(title: str, properties: dict[str, Any], required: list[str], **extra: Any) -> dict[str, Any]:
+    return {"$schema": DRAFT_07, "title": title, "type": "object", "required": required,
+            "properties": properties, "additionalProperties": False, **extra}
+
+
+def chat_schema(*, max_messages: int = 1024, max_prompt_chars: int = 1_000_000,
+                max_tokens_limit: int | None = None) -> dict[str, Any]:
+    """The body of ``POST /v1/chat/completions``.
+
+    :param max_messages: most messages in ``messages``.
+    :param max_prompt_chars: most characters in one message content string or text part.
+    :param max_tokens_limit: upper bound of ``max_tokens``/``max_completion_tokens`` (``None``: none).
+    """
+    text_part = {
+        "type": "object", "required": ["type", "text"],
+        "properties": {"type": {"const": "text"}, "text": {"type": "string", "maxLength": max_prompt_chars}},
+    }
+    # Keys the parser ignores (name, tool_call_id, ...) are allowed: the openai client sends them.
+    message = {
+        "type": "object", "required": ["role", "content"],
+        "properties": {
+            "role": {"enum": list(ROLES)},
+            "content": {"type": ["string", "array"], "maxLength": max_prompt_chars, "items": text_part},
+        },
+    }
+    properties = {
+        **_common(max_tokens_limit),
+        "messages": {"type": "array", "minItems": 1, "maxItems": max_messages, "items": message},
+        "max_completion_tokens": _max_tokens(max_tokens_limit),
+        "logprobs": {"type": "boolean"},
+        "top_logprobs": {**_nullable("integer"), "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+        "parallel_tool_calls": _only(False, "tools are not supported"),
+        "tools": _only([], "tools are not supported"),
+        "tool_choice": _only("none", "tools are not supported"),
+        "response_format": _only({"type": "text"}, "structured output is not supported"),
+    }
+    # top_logprobs > 0 needs logprobs = true.
+    logprobs_off = {"not": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
+    top_logprobs_zero = {"properties": {"top_logprobs": {
+        "enum": [0, None], "errorMessage": "must be 0 unless logprobs is true"}}}
+    return _body("POST /v1/chat/completions request body", properties, ["model", "messages"],
+                 **{"if": logprobs_off, "then": top_logprobs_zero})
+
+
+def completion_schema(*, max_prompt_chars: int = 1_000_000, max_tokens_limit: int | None = None) -> dict[str, Any]:
+    """The body of ``POST /v1/completions``.
+
+    :param max_prompt_chars: most characters in a prompt string.
+    :param max_tokens_limit: upper bound of ``max_tokens`` (``None``: none).
+    """
+    token_id = {"type": "integer", "minimum": 0}
+    # One prompt per request: a string, a list of token ids, or a batch of one of those.
+    # Keywords apply by type, so one schema covers all four shapes with precise errors.
+    prompt = {
+        "type": ["string", "array"], "minLength": 1, "maxLength": max_prompt_chars, "minItems": 1,
+        "items": {
+            "type": ["integer", "string", "array"], "minimum": 0,
+            "minLength": 1, "maxLength": max_prompt_chars,
+            "minItems": 1, "items": token_id,
+        },
+        "if": {"contains": {"type": ["string", "array"]}},
+        "then": {"maxItems": 1, "errorMessage": "must be one prompt: a string, a list of token ids, "
+                                                "or a list holding one of those"},
+    }
+    properties = {
+        **_common(max_tokens_limit),
+        "prompt": prompt,
+        "logprobs": {**_nullable("integer"), "minimum": 0, "maximum": MAX_COMPLETION_LOGPROBS},
+        "echo": _only(False, "echo is not supported"),
+        "best_of": _only(1, "Lamina returns one choice per request"),
+        "suffix": {"type": "null", "errorMessage": "not supported", "description": "suffix is not supported"},
+    }
+    return _body("POST /v1/completions request body", properties, ["model", "prompt"])

@@ -1,0 +1,528 @@
+"""The openai-schema validator: compiled draft-07 schemas, errors naming field and rule, agreement with
+the hand-written parser and with the reference jsonschema package."""
+
+import copy
+import json
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from lamina.server import openai_api
+from lamina.testing.contracts import ValidatorContract
+from lamina_admission import openai_schemas
+from lamina_admission.schema_validator import (
+    SchemaValidator,
+    SchemaValidatorOptions,
+    build_schema_validator,
+)
+from lamina_hookspecs.errors import InvalidRequestError
+from lamina_hookspecs.protocols import Validator
+
+try:  # the reference implementation; the tox env of this plugin alone may lack it
+    import jsonschema
+except ImportError:  # pragma: no cover
+    jsonschema = None
+
+VALIDATOR = SchemaValidator.from_options(SchemaValidatorOptions())
+REFERENCE = {endpoint: jsonschema.Draft7Validator(schema) for endpoint, schema in VALIDATOR.schemas.items()} \
+    if jsonschema is not None else {}
+PARSERS = {"chat": openai_api.parse_chat, "completion": openai_api.parse_completion}
+
+M = [{"role": "user", "content": "hi"}]
+CHAT = {"model": "m", "messages": M}
+COMPLETION = {"model": "m", "prompt": "hi"}
+
+
+def accepts(endpoint: str, body: Any, validator: SchemaValidator = VALIDATOR) -> bool:
+    try:
+        validator.validate(endpoint, body)
+    except InvalidRequestError:
+        return False
+    return True
+
+
+def parser_accepts(endpoint: str, body: Any) -> bool:
+    try:
+        PARSERS[endpoint](body, "id", "default")
+    except InvalidRequestError:
+        return False
+    return True
+
+
+# -- shape, options, registration ------------------------------------------------------
+
+def test_is_a_validator() -> None:
+    validator = build_schema_validator(SchemaValidatorOptions(), None)  # type: ignore[arg-type]
+    assert isinstance(validator, Validator)
+    assert set(validator.schemas) == {"chat", "completion"}
+    assert len(build_schema_validator.__doc__.strip().splitlines()) == 1  # type: ignore[union-attr]
+
+
+def test_options_are_checked_and_documented() -> None:
+    from lamina.options import build_options, describe
+    from lamina_hookspecs.errors import ConfigError
+
+    options = SchemaValidatorOptions()
+    assert (options.max_messages, options.max_prompt_chars, options.max_tokens_limit) == (1024, 1_000_000, None)
+    assert all(o["help"] for o in describe(SchemaValidatorOptions))
+    for bad in ({"max_messages": 0}, {"max_prompt_chars": 0}, {"max_tokens_limit": 0}, {"max_prompt_chars": 1e6},
+                {"max_messages": True}, {"max_messages": None}):
+        with pytest.raises(ConfigError):
+            build_options(SchemaValidatorOptions, bad, "admission")
+
+
+def test_the_plugin_registers_openai_schema() -> None:
+    import lamina_admission
+
+    seen = {}
+    lamina_admission.lamina_register_validators(lambda name, factory, **kw: seen.update({name: (factory, kw)}))
+    assert seen == {"openai-schema": (build_schema_validator, {"options": SchemaValidatorOptions})}
+
+
+def test_options_are_baked_into_the_schemas() -> None:
+    tight = SchemaValidator.from_options(
+        SchemaValidatorOptions(max_messages=2, max_prompt_chars=5, max_tokens_limit=100))
+    three = [{"role": "user", "content": "a"}] * 3
+    cases = [
+        ("chat", {**CHAT, "messages": three}, "messages: must have at most 2 items"),
+        ("chat", {**CHAT, "messages": [{"role": "user", "content": "abcdef"}]},
+         "messages[0].content: must have at most 5 characters"),
+        ("chat", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "abcdef"}]}]},
+         "messages[0].content[0].text: must have at most 5 characters"),
+        ("chat", {**CHAT, "max_tokens": 101}, "max_tokens: must be <= 100"),
+        ("chat", {**CHAT, "max_completion_tokens": 101}, "max_completion_tokens: must be <= 100"),
+        ("completion", {**COMPLETION, "prompt": "abcdef"}, "prompt: must have at most 5 characters"),
+        ("completion", {**COMPLETION, "prompt": ["abcdef"]}, "prompt[0]: must have at most 5 characters"),
+        ("completion", {**COMPLETION, "max_tokens": 101}, "max_tokens: must be <= 100"),
+    ]
+    for endpoint, body, message in cases:
+        with pytest.raises(InvalidRequestError) as info:
+            tight.validate(endpoint, body)
+        assert str(info.value) == message
+        assert accepts(endpoint, body)  # the defaults allow it
+    assert accepts("chat", {**CHAT, "messages": three[:2], "max_tokens": 100}, tight)
+    assert accepts("completion", {**COMPLETION, "prompt": "abcde"}, tight)
+
+
+def test_unknown_endpoints_are_left_to_other_validators() -> None:
+    assert VALIDATOR.validate("embeddings", {"anything": 1}) is None
+
+
+def test_schemas_are_published_data() -> None:
+    for endpoint, schema in VALIDATOR.schemas.items():
+        assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+        assert json.loads(json.dumps(schema)) == schema, endpoint
+    # The field sets and roles are the parser's.
+    assert set(VALIDATOR.schemas["chat"]["properties"]) == openai_api.CHAT_FIELDS
+    assert set(VALIDATOR.schemas["completion"]["properties"]) == openai_api.COMPLETION_FIELDS
+    assert openai_schemas.ROLES == openai_api.ROLES
+    assert openai_schemas.MAX_TOP_LOGPROBS == openai_api.MAX_TOP_LOGPROBS
+
+
+def test_other_schemas_can_be_compiled() -> None:
+    schema = copy.deepcopy(VALIDATOR.schemas["chat"])
+    schema["properties"]["model"] = {"enum": ["small", "large"]}
+    custom = SchemaValidator({"chat": schema})
+    assert accepts("chat", {**CHAT, "model": "small"}, custom)
+    with pytest.raises(InvalidRequestError, match=r"^model: must be one of small, large$"):
+        custom.validate("chat", CHAT)
+    assert accepts("completion", {"no": "schema"}, custom)
+
+
+# -- what passes ---------------------------------------------------------------------------
+
+VALID = [
+    ("chat", CHAT),
+    ("chat", {"model": "m", "messages": [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "hi", "name": "bob"},
+        {"role": "assistant", "content": "hello"}, {"role": "tool", "content": "42", "tool_call_id": "c1"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "user", "content": []}, {"role": "user", "content": ""}]}),
+    ("chat", {**CHAT, "max_tokens": 5, "max_completion_tokens": 7, "temperature": 0, "top_p": 1, "top_k": -1,
+              "seed": -3, "stop": "\n", "n": 1, "stream": True, "stream_options": {"include_usage": True},
+              "user": "u", "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {},
+              "ignore_eos": False, "stop_token_ids": [2, 3], "logprobs": True, "top_logprobs": 20,
+              "parallel_tool_calls": False, "tools": [], "tool_choice": "none",
+              "response_format": {"type": "text"}}),
+    ("chat", {**CHAT, "temperature": 2, "top_p": 1e-9, "stop": ["a", "b", "c", "d"], "stream_options": {},
+              "logprobs": False, "top_logprobs": 0}),
+    ("chat", {**CHAT, **dict.fromkeys(["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
+                                       "stop", "n", "stream_options", "user", "presence_penalty",
+                                       "frequency_penalty", "logit_bias", "top_logprobs", "parallel_tool_calls",
+                                       "tools", "tool_choice", "response_format"])}),  # null: not given
+    ("chat", {**CHAT, "stop": []}),
+    ("completion", COMPLETION),
+    ("completion", {**COMPLETION, "prompt": [1, 0, 2]}),
+    ("completion", {**COMPLETION, "prompt": ["one prompt in a batch of one"]}),
+    ("completion", {**COMPLETION, "prompt": [[5, 6]]}),
+    ("completion", {**COMPLETION, "max_tokens": 1, "logprobs": 5, "echo": False, "best_of": 1, "suffix": None,
+                    "stream": False, "ignore_eos": True, "seed": 2**62, "stop_token_ids": []}),
+    ("completion", {**COMPLETION, **dict.fromkeys(["max_tokens", "logprobs", "echo", "best_of", "suffix", "n"])}),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "body"), VALID)
+def test_valid_bodies_pass(endpoint: str, body: dict[str, Any]) -> None:
+    assert VALIDATOR.validate(endpoint, orjson.loads(orjson.dumps(body))) is None
+    assert parser_accepts(endpoint, body)
+
+
+def _sent_by_openai_client() -> list[tuple[str, dict[str, Any]]]:
+    httpx = pytest.importorskip("httpx")
+    openai = pytest.importorskip("openai")
+    sent: list[tuple[str, dict[str, Any]]] = []
+
+    def handler(request: Any) -> Any:
+        endpoint = "chat" if request.url.path.endswith("/chat/completions") else "completion"
+        sent.append((endpoint, orjson.loads(request.content)))
+        return httpx.Response(200, json={"id": "x", "object": "x", "created": 0, "model": "m", "choices": []})
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as http:
+        client = openai.OpenAI(api_key="k", base_url="http://lamina.test/v1", http_client=http, max_retries=0)
+        messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "hi", "name": "bob"},
+                    {"role": "assistant", "content": "hello"},
+                    {"role": "user", "content": [{"type": "text", "text": "again"}]}]
+        client.chat.completions.create(model="m", messages=messages)
+        client.chat.completions.create(
+            model="m", messages=messages, max_tokens=5, max_completion_tokens=5, temperature=0.5, top_p=0.9,
+            seed=1, stop=["x", "y"], n=1, user="u", logprobs=True, top_logprobs=2, presence_penalty=0,
+            frequency_penalty=0, stream=False)
+        client.chat.completions.create(model="m", messages=messages, stream=True,
+                                       stream_options={"include_usage": True}).close()
+        client.chat.completions.create(model="m", messages=messages, stop="\n", extra_body={"top_k": 40})
+        client.completions.create(model="m", prompt="hi")
+        client.completions.create(model="m", prompt=[1, 2, 3], max_tokens=5, temperature=0, seed=7, stop="\n",
+                                  n=1, user="u", logprobs=2, echo=False, best_of=1, suffix=None)
+        client.completions.create(model="m", prompt=["hi"], stream=True,
+                                  stream_options={"include_usage": False}).close()
+    assert len(sent) == 7
+    return sent
+
+
+def test_what_the_openai_client_sends_passes() -> None:
+    for endpoint, body in _sent_by_openai_client():
+        assert VALIDATOR.validate(endpoint, body) is None, body
+        assert parser_accepts(endpoint, body), body
+
+
+# -- what fails, and how it is worded ------------------------------------------------------
+
+INVALID = [
+    ("chat", {"messages": M}, "model", "required"),
+    ("chat", {**CHAT, "model": ""}, "model", "must not be empty"),
+    ("chat", {**CHAT, "model": 3}, "model", "must be a string"),
+    ("chat", {"model": "m"}, "messages", "required"),
+    ("chat", {**CHAT, "messages": []}, "messages", "must have at least 1 item"),
+    ("chat", {**CHAT, "messages": "hi"}, "messages", "must be an array"),
+    ("chat", {**CHAT, "messages": ["hi"]}, "messages[0]", "must be an object"),
+    ("chat", {**CHAT, "messages": [{"role": "robot", "content": "x"}]},
+     "messages[0].role", "must be one of system, user, assistant, tool"),
+    ("chat", {**CHAT, "messages": [*M, {"content": "x"}]}, "messages[1].role", "required"),
+    ("chat", {**CHAT, "messages": [{"role": "user"}]}, "messages[0].content", "required"),
+    ("chat", {**CHAT, "messages": [{"role": "user", "content": None}]},
+     "messages[0].content", "must be a string or an array"),
+    ("chat", {**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content[0].type", "must be text"),
+    ("chat", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "messages[0].content[0].text", "required"),
+    ("chat", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]},
+     "messages[0].content[0].text", "must be a string"),
+    ("chat", {**CHAT, "foo": 1}, "foo", "unrecognized request argument"),
+    ("chat", {**CHAT, "zeta": 1, "alpha": 2}, "alpha", "unrecognized request argument"),
+    ("chat", {**CHAT, "prompt": "x"}, "prompt", "unrecognized request argument"),
+    ("chat", {**CHAT, "temperature": 3}, "temperature", "must be <= 2"),
+    ("chat", {**CHAT, "temperature": -0.5}, "temperature", "must be >= 0"),
+    ("chat", {**CHAT, "temperature": "hot"}, "temperature", "must be a number or null"),
+    ("chat", {**CHAT, "top_p": 0}, "top_p", "must be > 0"),
+    ("chat", {**CHAT, "top_p": 1.5}, "top_p", "must be <= 1"),
+    ("chat", {**CHAT, "max_tokens": 0}, "max_tokens", "must be >= 1"),
+    ("chat", {**CHAT, "max_tokens": 1.5}, "max_tokens", "must be an integer or null"),
+    ("chat", {**CHAT, "max_completion_tokens": 0}, "max_completion_tokens", "must be >= 1"),
+    ("chat", {**CHAT, "top_k": -2}, "top_k", "must be >= -1"),
+    ("chat", {**CHAT, "seed": True}, "seed", "must be an integer or null"),
+    ("chat", {**CHAT, "stop": ""}, "stop", "must not be empty"),
+    ("chat", {**CHAT, "stop": ["a"] * 5}, "stop", "must have at most 4 items"),
+    ("chat", {**CHAT, "stop": ["a", ""]}, "stop[1]", "must not be empty"),
+    ("chat", {**CHAT, "stop": 1}, "stop", "must be a string, an array or null"),
+    ("chat", {**CHAT, "stop_token_ids": [1, "2"]}, "stop_token_ids[1]", "must be an integer"),
+    ("chat", {**CHAT, "stop_token_ids": None}, "stop_token_ids", "must be an array"),
+    ("chat", {**CHAT, "stream": None}, "stream", "must be a boolean"),
+    ("chat", {**CHAT, "ignore_eos": 1}, "ignore_eos", "must be a boolean"),
+    ("chat", {**CHAT, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage",
+     "must be a boolean"),
+    ("chat", {**CHAT, "stream_options": {"include_obfuscation": True}}, "stream_options.include_obfuscation",
+     "unrecognized request argument"),
+    ("chat", {**CHAT, "stream_options": True}, "stream_options", "must be an object or null"),
+    ("chat", {**CHAT, "user": 1}, "user", "must be a string or null"),
+    ("chat", {**CHAT, "n": 2}, "n", "must be 1"),
+    ("chat", {**CHAT, "presence_penalty": 0.5}, "presence_penalty", "must be 0"),
+    ("chat", {**CHAT, "frequency_penalty": 1}, "frequency_penalty", "must be 0"),
+    ("chat", {**CHAT, "logit_bias": {"1": 5}}, "logit_bias", "must be {}"),
+    ("chat", {**CHAT, "tools": [{"type": "function"}]}, "tools", "must be []"),
+    ("chat", {**CHAT, "tool_choice": "auto"}, "tool_choice", "must be none"),
+    ("chat", {**CHAT, "parallel_tool_calls": True}, "parallel_tool_calls", "must be false"),
+    ("chat", {**CHAT, "response_format": {"type": "json_object"}}, "response_format", 'must be {"type":"text"}'),
+    ("chat", {**CHAT, "logprobs": None}, "logprobs", "must be a boolean"),
+    ("chat", {**CHAT, "top_logprobs": 2}, "top_logprobs", "must be 0 unless logprobs is true"),
+    ("chat", {**CHAT, "logprobs": False, "top_logprobs": 2}, "top_logprobs", "must be 0 unless logprobs is true"),
+    ("chat", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "must be <= 20"),
+    ("completion", {"model": "m"}, "prompt", "required"),
+    ("completion", {**COMPLETION, "prompt": ""}, "prompt", "must not be empty"),
+    ("completion", {**COMPLETION, "prompt": []}, "prompt", "must have at least 1 item"),
+    ("completion", {**COMPLETION, "prompt": None}, "prompt", "must be a string or an array"),
+    ("completion", {**COMPLETION, "prompt": [-1]}, "prompt[0]", "must be >= 0"),
+    ("completion", {**COMPLETION, "prompt": [1, True]}, "prompt[1]", "must be an integer, a string or an array"),
+    ("completion", {**COMPLETION, "prompt": ["a", "b"]}, "prompt",
+     "must be one prompt: a string, a list of token ids, or a list holding one of those"),
+    ("completion", {**COMPLETION, "prompt": [[1], [2]]}, "prompt",
+     "must be one prompt: a string, a list of token ids, or a list holding one of those"),
+    ("completion", {**COMPLETION, "prompt": [""]}, "prompt[0]", "must not be empty"),
+    ("completion", {**COMPLETION, "prompt": [[]]}, "prompt[0]", "must have at least 1 item"),
+    ("completion", {**COMPLETION, "prompt": [["a"]]}, "prompt[0][0]", "must be an integer"),
+    ("completion", {**COMPLETION, "logprobs": 6}, "logprobs", "must be <= 5"),
+    ("completion", {**COMPLETION, "logprobs": True}, "logprobs", "must be an integer or null"),
+    ("completion", {**COMPLETION, "echo": True}, "echo", "must be false"),
+    ("completion", {**COMPLETION, "best_of": 2}, "best_of", "must be 1"),
+    ("completion", {**COMPLETION, "suffix": "x"}, "suffix", "not supported"),
+    ("completion", {**COMPLETION, "max_completion_tokens": 5}, "max_completion_tokens",
+     "unrecognized request argument"),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "body", "param", "rule"), INVALID)
+def test_invalid_bodies_name_the_field_and_the_rule(endpoint: str, body: Any, param: str, rule: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        VALIDATOR.validate(endpoint, body)
+    assert (str(info.value), info.value.param) == (f"{param}: {rule}", param)
+    assert info.value.http_status == 400
+    with pytest.raises(InvalidRequestError) as parsed:  # the parser refuses it too, naming the same field
+        PARSERS[endpoint](body, "id", "default")
+    assert parsed.value.param in (param, param.split(".")[0], param.split("[")[0], f"{param.split('.')[0]}.content")
+
+
+def test_a_body_that_is_not_an_object() -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        VALIDATOR.validate("chat", [CHAT])  # type: ignore[arg-type]
+    assert (str(info.value), info.value.param) == ("request body: must be an object", None)
+
+
+def test_other_mappings_are_read_like_dicts() -> None:
+    from types import MappingProxyType
+
+    assert VALIDATOR.validate("chat", MappingProxyType(CHAT)) is None
+
+
+def test_the_first_error_does_not_depend_on_key_order() -> None:
+    """Unrecognized arguments first, then wrong values, then missing fields; each by path."""
+    wrong = {"temperature": 9, "messages": [{"role": "robot"}], "zz": 1, "top_k": -5}
+    expected = ["zz: unrecognized request argument", "messages[0].role: must be one of system, user, assistant, tool",
+                "temperature: must be <= 2", "top_k: must be >= -1", "messages[0].content: required",
+                "model: required"]
+    for message in expected:
+        for body in (wrong, dict(reversed(wrong.items()))):
+            with pytest.raises(InvalidRequestError) as info:
+                VALIDATOR.validate("chat", body)
+            assert str(info.value) == message
+        if message.startswith("zz"):
+            del wrong["zz"]
+        elif message.startswith("messages[0].role"):
+            wrong["messages"] = [{"role": "user"}]
+        elif message.startswith("temperature"):
+            del wrong["temperature"]
+        elif message.startswith("top_k"):
+            del wrong["top_k"]
+        elif message.startswith("messages[0].content"):
+            wrong["messages"] = M
+    assert not accepts("chat", wrong) and accepts("chat", {**wrong, "model": "m"})
+
+
+def test_rare_keywords_are_worded_too() -> None:
+    validator = SchemaValidator({"x": {"properties": {
+        "any": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+        "one": {"oneOf": [{"type": "integer"}, {"type": "number"}]},
+        "mixed": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]},
+        "few": {"minProperties": 2}, "multiple": {"multipleOf": 3}, "unique": {"uniqueItems": True},
+        "pattern": {"pattern": "^a"}, "chars": {"minLength": 3}, "one_item": {"maxItems": 1}}}})
+    cases = {"any": (1.5, "must be a string or an integer"),
+             "one": (1, "must match exactly one of the allowed forms, not several"),
+             "mixed": ([1.5], "must match one of the allowed forms"),
+             "few": ({"a": 1}, "must have at least 2 properties"), "multiple": (4, "must be a multiple of 3"),
+             "unique": ([1, 1], "must not repeat items"), "pattern": ("b", "must match ^a"),
+             "chars": ("ab", "must have at least 3 characters"), "one_item": ([1, 2], "must have at most 1 item")}
+    for key, (value, rule) in cases.items():
+        with pytest.raises(InvalidRequestError) as info:
+            validator.validate("x", {key: value})
+        assert str(info.value) == f"{key}: {rule}"
+
+
+# -- agreement with the parser and with the reference implementation ---------------------------
+
+def _quirk(endpoint: str, body: Any) -> str | None:
+    """The intentional differences from ``openai_api``'s parser, or ``None`` if ``body`` has none.
+
+    * JSON Schema's ``integer`` admits integral floats (``5.0``); the parser refuses them.
+      The schema lets them through and the parser still answers 400 (draft-07 cannot say it).
+    * The parser compares the one supported value with Python's ``==``, so ``n: true``,
+      ``presence_penalty: false``, ``tools: "none"`` or ``tool_choice: []`` slip through it;
+      JSON equality keeps ``true`` apart from ``1`` and each field to its own value, so the
+      schema refuses them.
+    """
+    if not isinstance(body, dict):
+        return None
+    integer_fields = ["max_tokens", "max_completion_tokens", "top_k", "seed", "top_logprobs"]
+    if endpoint == "completion":
+        integer_fields.append("logprobs")
+
+    def integral_float(value: Any) -> bool:
+        if isinstance(value, list):
+            return any(integral_float(v) for v in value)
+        return isinstance(value, float) and value.is_integer()
+
+    if any(isinstance(body.get(k), float) and body[k].is_integer() for k in integer_fields) \
+            or integral_float(body.get("stop_token_ids")) or integral_float(body.get("prompt")):
+        return "integral float"
+    if any(body.get(k) is True for k in ("n", "best_of")) \
+            or any(body.get(k) is False for k in ("presence_penalty", "frequency_penalty")):
+        return "bool equals number"
+    for key, one in (("tools", []), ("tool_choice", "none"), ("parallel_tool_calls", False)):
+        value = body.get(key)
+        if value is not None and value in ([], "none", False) and not (type(value) is type(one) and value == one):
+            return "loose one-value check"
+    return None
+
+
+KNOWN_DIFFERENCES = [
+    ("chat", {**CHAT, "max_tokens": 5.0}, False, True),
+    ("completion", {**COMPLETION, "prompt": [1.0, 2.0]}, False, True),
+    ("chat", {**CHAT, "n": True}, True, False),
+    ("completion", {**COMPLETION, "best_of": True}, True, False),
+    ("chat", {**CHAT, "presence_penalty": False}, True, False),
+    ("chat", {**CHAT, "tools": "none"}, True, False),
+    ("chat", {**CHAT, "tool_choice": []}, True, False),
+    ("chat", {**CHAT, "parallel_tool_calls": 0}, True, False),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "body", "parser", "schema"), KNOWN_DIFFERENCES)
+def test_known_differences_from_the_parser(endpoint: str, body: dict[str, Any], parser: bool, schema: bool) -> None:
+    assert _quirk(endpoint, body) is not None
+    assert (parser_accepts(endpoint, body), accepts(endpoint, body)) == (parser, schema)
+
+
+def _assert_agree(endpoint: str, body: Any) -> None:
+    body = orjson.loads(orjson.dumps(body))  # what the HTTP layer hands over
+    ours = accepts(endpoint, body)
+    if _quirk(endpoint, body) is None:
+        assert ours == parser_accepts(endpoint, body), body
+    if jsonschema is not None:
+        assert ours == REFERENCE[endpoint].is_valid(body), body
+
+
+@pytest.mark.parametrize(("endpoint", "body"), [(e, b) for e, b in VALID] + [(e, b) for e, b, *_ in INVALID]
+                         + [(e, b) for e, b, *_ in KNOWN_DIFFERENCES])
+def test_tables_agree_with_parser_and_reference(endpoint: str, body: Any) -> None:
+    _assert_agree(endpoint, body)
+
+
+@pytest.mark.skipif(jsonschema is None, reason="needs the reference jsonschema package")
+def test_schemas_are_valid_draft_07() -> None:
+    for schema in VALIDATOR.schemas.values():
+        jsonschema.Draft7Validator.check_schema(schema)
+
+
+_CHARS = st.characters(codec="utf-8")  # orjson refuses lone surrogates
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(_CHARS, max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(_CHARS, max_size=4), inner, max_size=3),
+    max_leaves=6)
+_TEXT = st.text(_CHARS, max_size=4)
+_NONEMPTY = st.text(_CHARS, min_size=1, max_size=4)
+_TOKEN_IDS = st.lists(st.integers(0, 2**31), min_size=1, max_size=3)
+
+
+def _one(*values: Any) -> st.SearchStrategy[Any]:
+    return st.sampled_from([*values, None])
+
+
+_VALID_MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(openai_api.ROLES),
+     "content": _TEXT | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _TEXT}), max_size=2)},
+    optional={"name": _TEXT, "tool_call_id": _TEXT})
+# Values the parser accepts, field by field.
+_VALID = {
+    "model": _NONEMPTY,
+    "messages": st.lists(_VALID_MESSAGE, min_size=1, max_size=3),
+    "prompt": _NONEMPTY | _TOKEN_IDS | st.lists(_NONEMPTY | _TOKEN_IDS, min_size=1, max_size=1),
+    "max_tokens": st.none() | st.integers(1, 2**31), "max_completion_tokens": st.none() | st.integers(1, 2**31),
+    "temperature": st.none() | st.floats(0, 2) | st.integers(0, 2),
+    "top_p": st.none() | st.floats(0, 1, exclude_min=True) | st.just(1),
+    "top_k": st.none() | st.integers(-1, 100), "seed": st.none() | st.integers(-2**63, 2**63 - 1),
+    "stop": st.none() | _NONEMPTY | st.lists(_NONEMPTY, max_size=4),
+    "n": _one(1, 1.0), "best_of": _one(1), "echo": _one(False), "suffix": _one(),
+    "presence_penalty": _one(0, 0.0), "frequency_penalty": _one(0, -0.0), "logit_bias": _one({}),
+    "tools": _one([]), "tool_choice": _one("none"), "parallel_tool_calls": _one(False),
+    "response_format": _one({"type": "text"}),
+    "stream": st.booleans(), "ignore_eos": st.booleans(),
+    "stream_options": st.none() | st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}),
+    "user": st.none() | _TEXT, "stop_token_ids": st.lists(st.integers(-5, 2**31), max_size=3),
+    "top_logprobs": st.none() | st.integers(0, 20),  # > 0 only with logprobs = true
+}
+_VALID_LOGPROBS = {"chat": st.booleans(), "completion": st.none() | st.integers(0, 5)}
+
+# Values to break one field with: near misses first, any JSON after.
+_NUMBER = st.sampled_from([None, True, False, 0, 1, 2, 5, 6, 20, 21, -1, -2, 0.0, -0.0, 0.5, 1.0, 1.5, 2.5, "1"]) \
+    | st.integers(-3, 30) | st.floats(-1, 3)
+_FLAG = st.sampled_from([None, True, False, 0, 1, "true"])
+_PART = st.fixed_dictionaries({}, optional={"type": st.sampled_from(["text", "image_url", None]),
+                                            "text": _TEXT | st.just(1), "cache_control": _JSON})
+_MESSAGE = st.fixed_dictionaries({}, optional={
+    "role": st.sampled_from([*openai_api.ROLES, "robot", None]),
+    "content": _TEXT | st.lists(_PART, max_size=2) | st.none(),
+    "name": _TEXT, "tool_call_id": _TEXT}) | _JSON
+_TOKENS = st.lists(st.integers(-1, 5) | st.sampled_from([True, 1.5, 2.0]), max_size=3)
+_BREAK = {
+    "model": st.sampled_from(["", None, 1]) | _JSON,
+    "messages": st.lists(_MESSAGE, max_size=3) | _JSON,
+    "prompt": _TEXT | _TOKENS | st.lists(_TEXT | _TOKENS, max_size=2) | _JSON,
+    "stop": _TEXT | st.lists(_TEXT | st.just(1), max_size=5) | _JSON,
+    "stop_token_ids": _TOKENS | _JSON,
+    "stream_options": st.fixed_dictionaries({}, optional={"include_usage": _FLAG, "other": _FLAG}) | _JSON,
+    "stream": _FLAG, "ignore_eos": _FLAG, "echo": _FLAG, "parallel_tool_calls": _FLAG,
+    "logprobs": _FLAG | _NUMBER, "user": _TEXT | _JSON, "suffix": _TEXT | st.none(),
+    "logit_bias": st.sampled_from([{}, {"1": 1}, [], None]),
+    "tools": st.sampled_from([[], [{}], "none", None, False]),
+    "tool_choice": st.sampled_from(["none", "auto", None, []]),
+    "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}, None, "text"]),
+}
+
+
+@st.composite
+def _bodies(draw: st.DrawFn, endpoint: str) -> Any:
+    """A body the parser accepts, then (mostly) one field broken, added or removed."""
+    if draw(st.integers(0, 19)) == 0:
+        return draw(_JSON)
+    fields = sorted(openai_api.CHAT_FIELDS if endpoint == "chat" else openai_api.COMPLETION_FIELDS)
+    required = ["model", "messages" if endpoint == "chat" else "prompt"]
+    valid = {**_VALID, "logprobs": _VALID_LOGPROBS[endpoint]}
+    body = {key: draw(valid[key]) for key in required}
+    body |= draw(st.fixed_dictionaries({}, optional={k: valid[k] for k in fields if k not in required}))
+    for _ in range(draw(st.integers(0, 2))):
+        key = draw(st.sampled_from([*fields, "bogus"]))
+        if key in body and draw(st.booleans()):
+            del body[key]
+        else:
+            body[key] = draw(_BREAK.get(key, _NUMBER | _JSON))
+    return body
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), endpoint=st.sampled_from(["chat", "completion"]))
+def test_generated_bodies_agree_with_parser_and_reference(data: st.DataObject, endpoint: str) -> None:
+    _assert_agree(endpoint, data.draw(_bodies(endpoint)))
+
+
+class TestOpenAISchemaContract(ValidatorContract):
+    registered_name = "openai-schema"
