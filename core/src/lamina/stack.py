@@ -8,6 +8,7 @@ The hot path then calls the resolved objects directly.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -168,7 +169,7 @@ class Stack:
             candidates = {arm: executor}
         else:
             candidates = self.backends
-        now = ctx.received_at
+        now = time.monotonic()  # the breakers' clock: the pipeline reports started/finished on it too
         return [attrs.evolve(executor.state(), name=name,
                              circuit_open=self.admission.retry_after(name, now) is not None)
                 for name, executor in candidates.items()]
@@ -204,7 +205,8 @@ class _CoreHooks:
         if not backends:
             raise NoBackendError(f"no backend serves model {request.model!r}", code="no_backend")
         if all(b.circuit_open for b in backends):
-            waits = [self.stack.admission.retry_after(b.name, ctx.received_at) or 0.0 for b in backends]
+            now = time.monotonic()
+            waits = [self.stack.admission.retry_after(b.name, now) or 0.0 for b in backends]
             raise NoBackendError(f"every backend for model {request.model!r} has its circuit open",
                                  code="circuit_open", retry_after=min(waits))
         _, router = self.stack.routers.pick(ctx)
