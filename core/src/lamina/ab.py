@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -34,3 +34,9 @@ class ArmPicker:
         digest = hashlib.blake2b(key.encode(), digest_size=8, person=self.salt.encode()[:16]).digest()
         point = int.from_bytes(digest, "big") / 2**64
         return self.names[min(bisect.bisect_right(self.cumulative, point), len(self.names) - 1)]
+
+
+def arm_label(arms: Mapping[str, str]) -> str:
+    """A request's A/B assignments as one metric label / log value: ``"router=treatment"``,
+    layers in sorted order joined by commas; ``""`` outside any split."""
+    return ",".join(f"{layer}={arm}" for layer, arm in sorted(arms.items()))

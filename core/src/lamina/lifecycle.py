@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from types import TracebackType
+from collections.abc import Mapping
 from typing import Any, AsyncIterator
 
 import pluggy
@@ -19,6 +20,15 @@ import structlog
 from lamina_hookspecs.types import RequestContext
 
 log = structlog.get_logger(__name__)
+
+TRACE_HEADERS = ("traceparent", "tracestate")
+"""The W3C Trace Context headers (gRPC metadata keys) a request's trace continues from."""
+
+
+def trace_context(headers: Mapping[str, str]) -> dict[str, str]:
+    """The W3C trace headers among a request's headers or metadata, and nothing else
+    (tracing plugins must never see credentials)."""
+    return {name: value for name in TRACE_HEADERS if (value := headers.get(name))}
 
 
 async def notify(pm: pluggy.PluginManager, hook_name: str, **kwargs: Any) -> None:

@@ -3,6 +3,10 @@
 Transports (HTTP, gRPC, in-process tests) call :func:`run_request` and encode what it
 yields. Closing the returned iterator early (client gone) aborts the executor stream,
 which frees the request's KV slots, and reports ``finish_reason="abort"``.
+
+Every log line emitted while a request runs carries its ``request_id``, ``tenant``, ``arm``
+and ``backend``: they are bound as structlog context variables as they become known (the
+transport runs each request in its own task, so bindings do not leak between requests).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import structlog
 
 from lamina_hookspecs.errors import InternalError, LaminaError, NotFoundError
 from lamina_hookspecs.types import FinishReason, Request, RequestContext, TokenChunk
+from lamina.ab import arm_label
 from lamina.lifecycle import notify, wrap_request
 from lamina.stack import Stack
 
@@ -30,12 +35,14 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
     :raises LaminaError: on rejection or failure, after ``lamina_request_failed`` fired.
     """
     pm = stack.pm
+    structlog.contextvars.bind_contextvars(request_id=ctx.request_id, tenant=ctx.tenant, arm="", backend=None)
     async with wrap_request(pm, ctx):
         await notify(pm, "lamina_request_received", ctx=ctx)
         finish: FinishReason = "abort"
         error: LaminaError | None = None
         try:
             pm.hook.lamina_admit(ctx=ctx, body=body)
+            structlog.contextvars.bind_contextvars(tenant=ctx.tenant, arm=arm_label(ctx.arms))
             ctx.request = request = parse(body)
             served = {executor.model.id for executor in stack.backends.values()}
             if request.model not in served:
@@ -44,6 +51,7 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
             await notify(pm, "lamina_request_admitted", ctx=ctx)
             backend = pm.hook.lamina_route(ctx=ctx, request=request, backends=stack.backend_states(request, ctx))
             ctx.backend = backend.name
+            structlog.contextvars.bind_contextvars(backend=backend.name, arm=arm_label(ctx.arms))
             stack.admission.started(backend.name, time.monotonic())
             await notify(pm, "lamina_request_routed", ctx=ctx)
             stream = stack.backends[backend.name].generate(request)
@@ -61,7 +69,7 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
             error = exc
             raise
         except Exception as exc:
-            log.exception("request_crashed", request_id=ctx.request_id)
+            log.exception("request_crashed", error_type=type(exc).__name__)
             error = InternalError(f"internal error: {type(exc).__name__}")
             raise error from exc
         finally:
@@ -72,10 +80,10 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
                 await notify(pm, "lamina_request_finished", ctx=ctx, finish_reason=finish)
             else:
                 await notify(pm, "lamina_request_failed", ctx=ctx, error=error)
-            log.info("request_finished" if error is None else "request_failed", request_id=ctx.request_id,
-                     endpoint=ctx.endpoint, tenant=ctx.tenant, backend=ctx.backend, arms=ctx.arms,
-                     finish_reason=finish if error is None else None,
-                     error=error.message if error else None, status=error.http_status if error else 200,
+            log.info("request_finished" if error is None else "request_failed",
+                     endpoint=ctx.endpoint, finish_reason=finish if error is None else None,
+                     error_type=type(error).__name__ if error else None, error=error.message if error else None,
+                     status=error.http_status if error else 200,
                      ttft_s=ctx.ttft_s, duration_s=ctx.finished_at - ctx.received_at,
                      prompt_tokens=ctx.usage.prompt_tokens if ctx.usage else None,
                      completion_tokens=ctx.usage.completion_tokens if ctx.usage else None)

@@ -111,6 +111,8 @@ class Stack:
             (arm or "local"): executor for arm, executor in self.executors.instances.items()
         }
         self.admission = self._build_admission(config.admission, name)
+        self.observers = [(f"observer[{i}]:{spec.name}", _instantiate(spec, BuildContext(stack_name=name)))
+                          for i, spec in enumerate(config.observers)]
         self._core_hooks = _CoreHooks(self)
         self._codecs_by_type: dict[str, Codec] | None = None
 
@@ -177,6 +179,8 @@ class Stack:
     async def start(self) -> None:
         """Start every executor, then tell observers the stack is up."""
         self.pm.register(self._core_hooks, name=CORE_PLUGIN_NAME)
+        for plugin_name, observer in self.observers:
+            self.pm.register(observer, name=plugin_name)
         for executor in self.backends.values():
             await executor.start()
         await notify(self.pm, "lamina_stack_started", stack=self.info)
@@ -187,6 +191,12 @@ class Stack:
         for executor in self.backends.values():
             await executor.stop()
         self.pm.unregister(self._core_hooks)
+        for plugin_name, observer in self.observers:
+            self.pm.unregister(observer)
+            try:
+                observer.close()
+            except Exception:
+                log.exception("observer_close_failed", observer=plugin_name)
 
 
 class _CoreHooks:

@@ -21,6 +21,7 @@ from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.layers import Layer
 from lamina.options import build_options, check_keys
 from lamina.registry import Component, ComponentRegistry
+from lamina.slo import SloConfig
 
 DEFAULTS: dict[str, str] = {
     "router": "round-robin",
@@ -33,7 +34,7 @@ DEFAULTS: dict[str, str] = {
 SPLITTABLE: tuple[Layer, ...] = (layers.ROUTER, layers.CODEC, layers.EXECUTOR, layers.PREFIX_CACHE, layers.BATCHING)
 SINGLE: tuple[Layer, ...] = (layers.AUTOSCALER,)
 STICKY_KEYS = ("tenant", "user", "request")
-SECTIONS = ("stack", "server", "admission", "ab", *(layer.key for layer in SPLITTABLE + SINGLE))
+SECTIONS = ("stack", "server", "admission", "observers", "slo", "ab", *(layer.key for layer in SPLITTABLE + SINGLE))
 
 
 @attrs.frozen(kw_only=True)
@@ -105,12 +106,16 @@ class StackConfig:
 
     ``layers`` maps each layer key to a :class:`ComponentSpec`, a :class:`Split`, or
     ``None`` for an optional layer the stack leaves out (prefix cache, batching).
+    ``observers`` are the ``[[observers]]`` lifecycle plugins switched on, ``slo`` the
+    objectives whose burn rates ``/metrics`` exports.
     """
 
     meta: StackMeta
     server: ServerConfig
     layers: dict[str, ComponentSpec | Split | None]
     admission: tuple[ComponentSpec | Split, ...]
+    observers: tuple[ComponentSpec, ...] = ()
+    slo: SloConfig = SloConfig()
     source: Path | None = None
 
     @classmethod
@@ -148,9 +153,7 @@ class StackConfig:
                 resolved[layer.key] = _spec((layer,), {"use": DEFAULTS[layer.key]}, layer.key, registry)
             else:
                 resolved[layer.key] = None
-        admission = data.get("admission", [])
-        if not isinstance(admission, list):
-            raise ConfigError("admission", "must be an array of tables ([[admission]])")
+        admission, observers = _array(data, "admission"), _array(data, "observers")
         return cls(
             meta=build_options(StackMeta, _table(data.get("stack", {}), "stack"), "stack"),
             server=build_options(ServerConfig, _table(data.get("server", {}), "server"), "server"),
@@ -159,6 +162,11 @@ class StackConfig:
                 _admission_entry(_table(item, f"admission[{i}]"), f"admission[{i}]", registry)
                 for i, item in enumerate(admission)
             ),
+            observers=tuple(
+                _spec((layers.OBSERVER,), _table(item, f"observers[{i}]"), f"observers[{i}]", registry)
+                for i, item in enumerate(observers)
+            ),
+            slo=build_options(SloConfig, _table(data.get("slo", {}), "slo"), "slo"),
             source=source,
         )
 
@@ -181,6 +189,8 @@ class StackConfig:
             "server": attrs.asdict(self.server),
             **{key: entry(value) for key, value in self.layers.items()},
             "admission": [entry(s) for s in self.admission],
+            "observers": [spec(s) for s in self.observers],
+            "slo": attrs.asdict(self.slo),
             "source": str(self.source) if self.source else None,
         }
 
@@ -188,6 +198,13 @@ class StackConfig:
 def _table(value: Any, path: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigError(path, f"must be a table; got {type(value).__name__}")
+    return value
+
+
+def _array(data: Mapping[str, Any], key: str) -> list[Any]:
+    value = data.get(key, [])
+    if not isinstance(value, list):
+        raise ConfigError(key, f"must be an array of tables ([[{key}]])")
     return value
 
 

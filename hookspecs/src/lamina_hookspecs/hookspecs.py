@@ -150,6 +150,18 @@ def lamina_register_batching_policies(register: Register) -> None:
     """
 
 
+@hookspec
+def lamina_register_observers(register: Register) -> None:
+    """Register request observers that a stack file switches on and configures with
+    ``[[observers]]`` (tracing, audit logs); factories return an
+    :class:`~lamina_hookspecs.protocols.Observer`: an object whose methods implement
+    lifecycle hooks below (``@hookimpl``), registered on the stack's plugin manager while
+    the stack runs. Called like ``lamina_register_routers``.
+
+    :param register: the registration callback.
+    """
+
+
 # ---------------------------------------------------------------------------
 # Stack lifecycle (observers)
 # ---------------------------------------------------------------------------

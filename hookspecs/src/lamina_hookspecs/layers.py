@@ -44,9 +44,11 @@ BREAKER = Layer(key="breaker", noun="breaker", hook="lamina_register_breakers", 
 BATCHING = Layer(
     key="batching", noun="batching policy", hook="lamina_register_batching_policies", protocol=protocols.BatchingPolicy
 )
+OBSERVER = Layer(key="observer", noun="observer", hook="lamina_register_observers", protocol=protocols.Observer)
 
 LAYERS: tuple[Layer, ...] = (
     ROUTER, CODEC, EXECUTOR, PREFIX_CACHE, AUTOSCALER, AUTHENTICATOR, VALIDATOR, RATE_LIMITER, BREAKER, BATCHING,
+    OBSERVER,
 )
 """Every registrable kind, in the order ``lamina plugins`` lists them."""
 

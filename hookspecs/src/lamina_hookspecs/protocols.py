@@ -220,3 +220,14 @@ class BatchingPolicy(Protocol):
     def wait_s(self, state: SchedulerState) -> float:
         """Seconds to wait before running the next batch (0 runs it now)."""
         ...
+
+
+@runtime_checkable
+class Observer(Protocol):
+    """A configured lifecycle plugin: its ``@hookimpl`` methods (``lamina_request_wrap``,
+    ``lamina_request_finished``, ...) are registered while the stack runs."""
+
+    def close(self) -> None:
+        """Flush and release what the observer holds (exporters, files); called once when
+        the stack stops, after the last request."""
+        ...

@@ -87,11 +87,16 @@ class Request:
 
 @attrs.frozen(kw_only=True)
 class Usage:
-    """Token counts of one request; ``cached_tokens`` is the part of the prompt served from cache."""
+    """Token counts of one request; ``cached_tokens`` is the part of the prompt served from cache.
+
+    ``queue_s`` is how long the request waited in the executor before its prefill started
+    (0 for executors that do not queue); tracing splits queueing from prefill with it.
+    """
 
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    queue_s: float = 0.0
 
     @property
     def total_tokens(self) -> int:
@@ -279,13 +284,13 @@ class RequestContext:
     first_token_at: float | None = None
     finished_at: float | None = None
     usage: Usage | None = None
+    trace_context: dict[str, str] = attrs.field(factory=dict)
     attributes: dict[str, object] = attrs.field(factory=dict)
 
     @property
     def ttft_s(self) -> float | None:
         """Time to first token, seconds."""
         return None if self.first_token_at is None else self.first_token_at - self.received_at
-
 
 
 @attrs.frozen(kw_only=True)

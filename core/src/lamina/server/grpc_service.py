@@ -42,6 +42,7 @@ from lamina_hookspecs.errors import (
 )
 from lamina_hookspecs.types import RequestContext, StreamMeta, TokenChunk
 from lamina.admission import bearer_token
+from lamina.lifecycle import trace_context
 from lamina.pipeline import run_request
 from lamina.server.openai_api import parse_chat, parse_completion
 from lamina.server.proto.lamina.v1 import inference_pb2 as pb
@@ -210,7 +211,8 @@ class InferenceService(pb_grpc.InferenceServicer):
             write = self._writer(request, request_id, kind)
             metadata = dict(context.invocation_metadata() or ())
             ctx = RequestContext(request_id=request_id, endpoint=kind, client=context.peer(),
-                                 credential=bearer_token(metadata.get("authorization")))
+                                 credential=bearer_token(metadata.get("authorization")),
+                                 trace_context=trace_context(metadata))
             parse = parse_chat if kind == "chat" else parse_completion
             chunks = run_request(self.stack, ctx, body, lambda b: parse(b, request_id, ctx.tenant))
             async with contextlib.aclosing(chunks):  # type: ignore[type-var]

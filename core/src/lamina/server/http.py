@@ -39,6 +39,7 @@ from lamina_hookspecs.errors import (
 from lamina_hookspecs.protocols import Codec
 from lamina_hookspecs.types import Request, RequestContext, StreamError, StreamMeta, TokenChunk
 from lamina.admission import bearer_token
+from lamina.lifecycle import trace_context
 from lamina.pipeline import run_request
 from lamina.server.metrics import Metrics
 from lamina.server.openai_api import completion_body, parse_chat, parse_completion
@@ -145,7 +146,8 @@ class Server:
                         parse: Callable[[Mapping[str, Any], str, str], Request]) -> Response:
         ctx = RequestContext(request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=kind,
                              credential=bearer_token(http.headers.get("authorization")),
-                             client=http.client.host if http.client else None)
+                             client=http.client.host if http.client else None,
+                             trace_context=trace_context(http.headers))
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(request_id=ctx.request_id)
         try:
@@ -154,7 +156,7 @@ class Server:
             body = await self._read_json(http)
             codec = self._negotiate(http.headers.get("accept", ""))
         except LaminaError as error:
-            self.metrics.requests.labels(kind, str(error.http_status), ctx.tenant).inc()
+            self.metrics.rejected(kind, error.http_status, ctx.tenant)
             return error_response(error, ctx.request_id)
         chunks = run_request(self.stack, ctx, body, lambda b: parse(b, ctx.request_id, ctx.tenant))
         self.in_flight += 1
@@ -181,10 +183,10 @@ class Server:
         options = body.get("stream_options") or {}
         meta = StreamMeta(request_id=ctx.request_id, model=request.model, created=int(time.time()),
                           kind="chat" if kind == "chat" else "completion", include_usage=options.get("include_usage"))
-        return StreamingResponse(self._stream(codec, meta, first, chunks), media_type=codec.media_type,
+        return StreamingResponse(self._stream(codec, meta, ctx, first, chunks), media_type=codec.media_type,
                                  headers=headers)
 
-    async def _stream(self, codec: Codec, meta: StreamMeta, first: TokenChunk,
+    async def _stream(self, codec: Codec, meta: StreamMeta, ctx: RequestContext, first: TokenChunk,
                       chunks: AsyncIterator[TokenChunk]) -> AsyncIterator[bytes]:
         encoder = codec.encoder()
         try:
@@ -194,7 +196,7 @@ class Server:
                 yield encoder.chunk(chunk)
                 now = time.monotonic()
                 if chunk.token_ids:
-                    self.metrics.itl.observe(now - last)
+                    self.metrics.inter_token(ctx, now - last)
                 last = now
         except LaminaError as error:
             yield encoder.error(StreamError(message=error.message, type=error.openai_type, code=error.code))

@@ -9,11 +9,20 @@ exported under vLLM's own names — ``vllm:num_requests_waiting``,
 When the stack has a prefix cache, its ``stats()`` are exported at scrape time too
 (``lamina_prefix_cache_queries_total``, ``lamina_prefix_cache_hits_total``, ... — vLLM's
 ``prefix_cache_queries``/``prefix_cache_hits`` count tokens, and so do these).
+Each backend also gets ``lamina_backend_*{backend=...}`` series (health, load, KV usage,
+generation rate, circuit state) for ``lamina status`` and dashboards.
+
+Request metrics carry an ``arm`` label: the request's A/B assignments
+(``"router=treatment"``, see :func:`lamina.ab.arm_label`), ``""`` outside any split, so one
+query compares arms. When the stack file declares ``[slo]`` objectives, their counters and
+burn rates are exported too (:mod:`lamina.slo`).
+
 Each server gets its own registry; nothing is global.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import prometheus_client
@@ -22,7 +31,9 @@ from prometheus_client.registry import Collector
 
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import LaminaError
-from lamina_hookspecs.types import FinishReason, RequestContext
+from lamina_hookspecs.types import BackendState, FinishReason, RequestContext
+from lamina.ab import arm_label
+from lamina.slo import SloTracker
 from lamina.stack import Stack
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -36,7 +47,8 @@ class _BackendGauges(Collector):
         self.stack = stack
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        states = [executor.state() for executor in self.stack.backends.values()]
+        named = {name: executor.state() for name, executor in self.stack.backends.items()}
+        states = list(named.values())
         waiting = sum(s.queue_depth for s in states)
         running = sum(max(s.outstanding_requests - s.queue_depth, 0) for s in states)
         used, total = sum(s.kv_blocks_used for s in states), sum(s.kv_blocks_total for s in states)
@@ -49,6 +61,27 @@ class _BackendGauges(Collector):
         yield GaugeMetricFamily("vllm:gpu_cache_usage_perc", "KV-cache usage (older vLLM name).", value=usage)
         yield GaugeMetricFamily("lamina_kv_cache_blocks_used", "KV-cache blocks in use.", value=used)
         yield GaugeMetricFamily("lamina_kv_cache_blocks_total", "KV-cache blocks in all.", value=total)
+        yield from self._per_backend(named)
+
+    def _per_backend(self, named: dict[str, BackendState]) -> Iterator[GaugeMetricFamily]:
+        now = time.monotonic()
+        series = (
+            ("lamina_backend_up", "1 when the backend is healthy and not draining.",
+             lambda name, s: float(s.healthy and not s.draining)),
+            ("lamina_backend_circuit_open", "1 while a breaker keeps new work away from the backend.",
+             lambda name, s: float(self.stack.admission.retry_after(name, now) is not None)),
+            ("lamina_backend_outstanding_requests", "Requests the backend holds (queued or running).",
+             lambda name, s: s.outstanding_requests),
+            ("lamina_backend_queue_depth", "Requests waiting in the backend's queue.", lambda name, s: s.queue_depth),
+            ("lamina_backend_kv_usage_perc", "Backend KV-cache usage; 1 means 100%.", lambda name, s: s.kv_usage),
+            ("lamina_backend_generation_tokens_per_second", "Backend's recent generation rate.",
+             lambda name, s: s.tokens_per_s),
+        )
+        for metric, help_, value in series:
+            family = GaugeMetricFamily(metric, help_, labels=["backend"])
+            for name, state in named.items():
+                family.add_metric([name], value(name, state))
+            yield family
 
 
 # (metric name without ``_total``, stats() key, help): counters, cumulative since start
@@ -103,42 +136,60 @@ class Metrics:
         self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = prometheus_client.Counter(
-            "lamina_requests", "Requests by endpoint, HTTP status and tenant.", ["endpoint", "status", "tenant"],
-            registry=r)
+            "lamina_requests", "Requests by endpoint, HTTP status, tenant and A/B arm.",
+            ["endpoint", "status", "tenant", "arm"], registry=r)
         self.success = prometheus_client.Counter(
             "lamina_request_success", "Finished requests by finish reason.", ["finished_reason"], registry=r)
         self.ttft = prometheus_client.Histogram(
-            "lamina_time_to_first_token_seconds", "Time to first token.", buckets=LATENCY_BUCKETS, registry=r)
+            "lamina_time_to_first_token_seconds", "Time to first token.", ["arm"], buckets=LATENCY_BUCKETS,
+            registry=r)
         self.itl = prometheus_client.Histogram(
-            "lamina_inter_token_latency_seconds", "Time between streamed chunks.", buckets=LATENCY_BUCKETS,
+            "lamina_inter_token_latency_seconds", "Time between streamed chunks.", ["arm"], buckets=LATENCY_BUCKETS,
             registry=r)
         self.e2e = prometheus_client.Histogram(
-            "lamina_e2e_request_latency_seconds", "End-to-end request latency.", buckets=LATENCY_BUCKETS, registry=r)
+            "lamina_e2e_request_latency_seconds", "End-to-end request latency.", ["arm"], buckets=LATENCY_BUCKETS,
+            registry=r)
         self.prompt_tokens = prometheus_client.Counter(
             "lamina_prompt_tokens", "Prompt tokens processed, by tenant.", ["tenant"], registry=r)
         self.generation_tokens = prometheus_client.Counter(
             "lamina_generation_tokens", "Tokens generated, by tenant.", ["tenant"], registry=r)
         r.register(_BackendGauges(stack))
         r.register(_PrefixCacheStats(stack))
+        self.slo = SloTracker(stack.config.slo, time.monotonic)
+        r.register(self.slo)
 
     def render(self) -> bytes:
         return prometheus_client.generate_latest(self.registry)
 
+    def rejected(self, endpoint: str, http_status: int, tenant: str) -> None:
+        """Count a request the transport refused before it reached the pipeline."""
+        self.requests.labels(endpoint, str(http_status), tenant, "").inc()
+        self.slo.outcome(http_status)
+
+    def inter_token(self, ctx: RequestContext, gap_s: float) -> None:
+        """One gap between streamed chunks (the transport measures it)."""
+        self.itl.labels(arm_label(ctx.arms)).observe(gap_s)
+        self.slo.gap(gap_s)
+
     @hookimpl
     def lamina_request_first_token(self, ctx: RequestContext) -> None:
         if ctx.ttft_s is not None:
-            self.ttft.observe(ctx.ttft_s)
+            self.ttft.labels(arm_label(ctx.arms)).observe(ctx.ttft_s)
+            self.slo.first_token(ctx.ttft_s)
 
     @hookimpl
     def lamina_request_finished(self, ctx: RequestContext, finish_reason: FinishReason) -> None:
-        self.requests.labels(ctx.endpoint, "200", ctx.tenant).inc()
+        arm = arm_label(ctx.arms)
+        self.requests.labels(ctx.endpoint, "200", ctx.tenant, arm).inc()
         self.success.labels(finish_reason).inc()
+        self.slo.outcome(200)
         if ctx.finished_at is not None:
-            self.e2e.observe(ctx.finished_at - ctx.received_at)
+            self.e2e.labels(arm).observe(ctx.finished_at - ctx.received_at)
         if ctx.usage is not None:
             self.prompt_tokens.labels(ctx.tenant).inc(ctx.usage.prompt_tokens)
             self.generation_tokens.labels(ctx.tenant).inc(ctx.usage.completion_tokens)
 
     @hookimpl
     def lamina_request_failed(self, ctx: RequestContext, error: LaminaError) -> None:
-        self.requests.labels(ctx.endpoint, str(error.http_status), ctx.tenant).inc()
+        self.requests.labels(ctx.endpoint, str(error.http_status), ctx.tenant, arm_label(ctx.arms)).inc()
+        self.slo.outcome(error.http_status)

@@ -80,8 +80,9 @@ def hook_recorder() -> tuple[HookRecorder, object]:
 
 @pytest.fixture
 def lamina_logs() -> Iterator[list[dict[str, Any]]]:
-    """Every structlog event logged during the test, as dicts (``event``, level, fields)."""
+    """Every structlog event logged during the test, as dicts (``event``, level, fields),
+    with the request fields core binds as context variables (``request_id``, ``tenant``, ...)."""
     import structlog
 
-    with structlog.testing.capture_logs() as logs:
+    with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
         yield logs

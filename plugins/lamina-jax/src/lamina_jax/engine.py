@@ -153,6 +153,8 @@ class Engine:
     def _run_step(self, step: Step) -> None:
         work = step.prefill
         if work is not None:
+            if work.seq.queue_s is None:
+                work.seq.queue_s = time.monotonic() - work.seq.submitted_at
             sampled = self.runner.prefill(work.seq, work.start, work.tokens, sample=work.last)
             self.scheduler.finish_prefill(work)
             if work.last and sampled is not None and not work.seq.output_ids:
@@ -189,7 +191,7 @@ class Engine:
             top_logprobs=(self._top(row, sampling.top_logprobs),) if sampling.logprobs else None,
             finish_reason=finish,
             usage=Usage(prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
-                        cached_tokens=seq.cached_tokens) if finish else None,
+                        cached_tokens=seq.cached_tokens, queue_s=seq.queue_s or 0.0) if finish else None,
         )
         seq.emit(chunk)
         if finish is not None:
@@ -204,7 +206,8 @@ class Engine:
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         seq.emit(TokenChunk(request_id=seq.request_id, index=len(seq.output_ids), finish_reason=reason,
-                            usage=Usage(prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids))))
+                            usage=Usage(prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
+                                        queue_s=seq.queue_s or 0.0)))
         self.scheduler.remove(seq)
         self._outputs.pop(seq, None)
 

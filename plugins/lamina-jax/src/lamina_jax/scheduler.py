@@ -20,6 +20,7 @@ When the allocator runs dry, the cache gives up least-recently-used unpinned blo
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,7 @@ class Sequence:
 
     ``num_computed`` tokens of ``prompt_ids + output_ids`` have their K/V in ``blocks``. A
     decoding sequence has all but its last token computed; that token is the next input.
+    ``queue_s`` is how long it waited from submission to its first prefill chunk.
     """
 
     request_id: str
@@ -51,6 +53,8 @@ class Sequence:
     output_ids: list[int] = attrs.field(factory=list)
     blocks: list[int] = attrs.field(factory=list)
     num_computed: int = 0
+    submitted_at: float = attrs.field(factory=time.monotonic)
+    queue_s: float | None = None
 
     @property
     def tokens(self) -> list[int]:
