@@ -12,6 +12,11 @@ by its tokens) for each, with the ratio Lamina/bare and the latency Lamina adds 
     uv run python benchmarks/gateway_overhead.py            # 3 rounds, 1/16/64 streams
     uv run python benchmarks/gateway_overhead.py --quick    # 1 round, 1/16 streams
     uv run python benchmarks/gateway_overhead.py --json     # last stdout line: one JSON object
+    uv run python benchmarks/gateway_overhead.py --tracing  # OpenTelemetry off vs on (100%, 1%)
+
+``--tracing`` instead compares Lamina with tracing off against the same stack with the
+``otel`` observer sampling 100% and 1% of requests, exporting OTLP/HTTP to a local sink
+process that accepts and drops the spans (so export cost is included, not a collector's).
 """
 
 from __future__ import annotations
@@ -81,6 +86,17 @@ async def stream(request):
 app = Starlette(routes=[Route("/v1/completions", stream, methods=["POST"])])
 '''
 
+SINK_APP = '''
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
+
+async def traces(request):
+    await request.body()
+    return Response(b"", media_type="application/x-protobuf")
+
+app = Starlette(routes=[Route("/v1/traces", traces, methods=["POST"])])
+'''
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
@@ -164,16 +180,27 @@ async def wait_grpc(url: str, process: subprocess.Popen[bytes]) -> None:
             await asyncio.sleep(0.1)
 
 
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def start_lamina(workdir: Path, name: str, grpc_port: int, extra_toml: str = "") -> tuple[str, subprocess.Popen[bytes]]:
+    """``lamina serve`` of the echo stack (plus ``extra_toml``) in its own process, once it answers."""
+    stack, port = workdir / f"{name}.toml", free_port()
+    stack.write_text(f'[stack]\nname = "overhead"\n[executor]\nuse = "echo"\n[server]\ngrpc_port = {grpc_port}\n'
+                     + extra_toml)
+    log = (workdir / f"{name}.log").open("wb")
+    process = subprocess.Popen([sys.executable, "-m", "lamina.cli", "serve", str(stack), "--port", str(port)],
+                               stdout=log, stderr=subprocess.STDOUT, env=ENV)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url, process)
+    return url, process
+
+
 def start_servers(workdir: Path) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
-    stack = workdir / "echo.toml"
-    lamina_port, bare_port, lamina_grpc, bare_grpc = free_port(), free_port(), free_port(), free_port()
-    stack.write_text(f'[stack]\nname = "overhead"\n[executor]\nuse = "echo"\n[server]\ngrpc_port = {lamina_grpc}\n')
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    log = (workdir / "servers.log").open("wb")
-    lamina = subprocess.Popen([sys.executable, "-m", "lamina.cli", "serve", str(stack), "--port", str(lamina_port)],
-                              stdout=log, stderr=subprocess.STDOUT, env=env)
-    urls = {"lamina": f"http://127.0.0.1:{lamina_port}"}
-    wait_ready(urls["lamina"], lamina)
+    bare_port, lamina_grpc, bare_grpc = free_port(), free_port(), free_port()
+    env, log = ENV, (workdir / "servers.log").open("wb")
+    lamina_url, lamina = start_lamina(workdir, "lamina", lamina_grpc)
+    urls = {"lamina": lamina_url}
     events = httpx.post(f"{urls['lamina']}/v1/completions", json=BODY, timeout=30).content
     (workdir / "events.sse").write_bytes(events)
     (workdir / "bare_app.py").write_text(BARE_APP)
@@ -191,51 +218,85 @@ def start_servers(workdir: Path) -> tuple[dict[str, str], list[subprocess.Popen[
     return urls, [lamina, bare, bare_g]
 
 
+def start_tracing_servers(workdir: Path) -> tuple[dict[str, str], list[subprocess.Popen[bytes]]]:
+    """Tracing off, on at 100% and on at 1%, exporting to a local OTLP/HTTP sink."""
+    sink_port = free_port()
+    (workdir / "sink_app.py").write_text(SINK_APP)
+    sink = subprocess.Popen([sys.executable, "-m", "uvicorn", "--app-dir", str(workdir), "sink_app:app",
+                             "--port", str(sink_port), "--log-level", "warning", "--no-access-log"],
+                            stdout=(workdir / "sink.log").open("wb"), stderr=subprocess.STDOUT, env=ENV)
+    urls, processes = {}, [sink]
+    for name, ratio in (("off", None), ("otel-100%", 1.0), ("otel-1%", 0.01)):
+        extra = "" if ratio is None else (f'[[observers]]\nuse = "otel"\nsample_ratio = {ratio}\n'
+                                          f'endpoint = "http://127.0.0.1:{sink_port}/v1/traces"\n')
+        urls[name], process = start_lamina(workdir, name, free_port(), extra)
+        processes.append(process)
+    return urls, processes
+
+
+def measure(urls: dict[str, str], levels: list[int], rounds: int, quick: bool
+            ) -> dict[str, dict[str, list[dict[str, float]]]]:
+    """Alternating rounds (one per server in turn) at each concurrency level, after an untimed warm-up."""
+    results: dict[str, dict[str, list[dict[str, float]]]] = {name: {} for name in urls}
+    steps = tqdm(total=len(levels) * rounds * len(urls), desc="rounds", file=sys.stderr)
+    for concurrency in levels:
+        requests = max(100, concurrency * 6) if quick else max(300, concurrency * 10)
+        for name in urls:  # warm-up, untimed
+            asyncio.run(run_level(urls[name], concurrency, concurrency))
+        for _ in range(rounds):
+            for name in urls:
+                results[name].setdefault(str(concurrency), []).append(
+                    asyncio.run(run_level(urls[name], concurrency, requests)))
+                steps.update()
+    steps.close()
+    return results
+
+
+def medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
+def print_row(concurrency: int, name: str, row: dict[str, float]) -> None:
+    print(f"{concurrency:>7} {name:>11} {row['tokens_per_s']:>9.0f} {row['requests_per_s']:>8.1f} "
+          f"{row['token_p50_ms']:>13.3f} {row['token_p99_ms']:>13.3f}")
+
+
+HEADER = f"{'streams':>7} {'server':>11} {'tok/s':>9} {'req/s':>8} {'ms/token p50':>13} {'ms/token p99':>13}"
+
+
+def tracing_report(results: dict[str, dict[str, list[dict[str, float]]]], levels: list[int]) -> dict[str, object]:
+    """Each tracing setting against tracing off: throughput ratio and latency added per request."""
+    summary: dict[str, object] = {"tokens_per_request": TOKENS, "levels": {}}
+    print(HEADER)
+    for concurrency in levels:
+        level = {name: medians(runs[str(concurrency)]) for name, runs in results.items()}
+        entry: dict[str, object] = dict(level)
+        for name, row in level.items():
+            print_row(concurrency, name, row)
+        for name in ("otel-100%", "otel-1%"):
+            ratio = level[name]["requests_per_s"] / level["off"]["requests_per_s"]
+            added = (level[name]["token_p50_ms"] - level["off"]["token_p50_ms"]) * TOKENS
+            print(f"{'':>7} {name:>11} {ratio:>5.3f}   of tracing-off requests/s; added per request p50 "
+                  f"{added:.3f} ms")
+            entry[name + " vs off"] = {"requests_per_s_ratio": ratio, "added_ms_per_request_p50": added}
+        summary["levels"][str(concurrency)] = entry  # type: ignore[index]
+    return summary
+
+
 async def _grpc_chunks(target: str) -> list[pb.GenerateChunk]:
     async with grpc.aio.insecure_channel(target) as channel:
         return [chunk async for chunk in pb_grpc.InferenceStub(channel).Generate(grpc_request())]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 round at 1 and 16 streams")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    parser.add_argument("--rounds", type=int, help="alternating rounds per level (default 3, quick 1)")
-    args = parser.parse_args()
-    levels = [1, 16] if args.quick else [1, 16, 64]
-    rounds = args.rounds or (1 if args.quick else 3)
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-        urls, processes = start_servers(workdir)
-        try:
-            wait_ready(urls["bare"], processes[1])
-            asyncio.run(wait_grpc(urls["bare-grpc"], processes[2]))
-            results: dict[str, dict[str, list[dict[str, float]]]] = {name: {} for name in urls}
-            steps = tqdm(total=len(levels) * rounds * len(urls), desc="rounds", file=sys.stderr)
-            for concurrency in levels:
-                requests = max(100, concurrency * 6) if args.quick else max(300, concurrency * 10)
-                for name in urls:  # warm-up, untimed
-                    asyncio.run(run_level(urls[name], concurrency, concurrency))
-                for _ in range(rounds):
-                    for name in urls:
-                        results[name].setdefault(str(concurrency), []).append(
-                            asyncio.run(run_level(urls[name], concurrency, requests)))
-                        steps.update()
-            steps.close()
-        finally:
-            for process in processes:
-                process.terminate()
-                process.wait(timeout=30)
+def overhead_report(results: dict[str, dict[str, list[dict[str, float]]]], levels: list[int], rounds: int
+                    ) -> dict[str, object]:
+    """Lamina against the bare servers, per transport: throughput ratio and latency added per token."""
     summary: dict[str, object] = {"tokens_per_request": TOKENS, "rounds": rounds, "levels": {}}
-    print(f"{'streams':>7} {'server':>11} {'tok/s':>9} {'req/s':>8} {'ms/token p50':>13} {'ms/token p99':>13}")
+    print(HEADER)
     for concurrency in levels:
-        level: dict[str, dict[str, float]] = {}
-        for name in urls:
-            runs = results[name][str(concurrency)]
-            level[name] = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-            row = level[name]
-            print(f"{concurrency:>7} {name:>11} {row['tokens_per_s']:>9.0f} {row['requests_per_s']:>8.1f} "
-                  f"{row['token_p50_ms']:>13.3f} {row['token_p99_ms']:>13.3f}")
+        level = {name: medians(runs[str(concurrency)]) for name, runs in results.items()}
+        for name, row in level.items():
+            print_row(concurrency, name, row)
         entry: dict[str, object] = dict(level)
         for transport, ours, bare in (("http", "lamina", "bare"), ("grpc", "lamina-grpc", "bare-grpc")):
             ratio = level[ours]["tokens_per_s"] / level[bare]["tokens_per_s"]
@@ -246,6 +307,31 @@ def main() -> None:
             entry[transport] = {"lamina_over_bare_tokens_per_s": ratio, "added_ms_per_token_p50": added,
                                 "added_ms_per_token_p99": added99}
         summary["levels"][str(concurrency)] = entry  # type: ignore[index]
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 round at 1 and 16 streams")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--rounds", type=int, help="alternating rounds per level (default 3, quick 1)")
+    parser.add_argument("--tracing", action="store_true", help="tracing off vs otel at 100%% and 1%% sampling")
+    args = parser.parse_args()
+    levels = [1, 16] if args.quick else [1, 16, 64]
+    rounds = args.rounds or (1 if args.quick else 3)
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        urls, processes = (start_tracing_servers if args.tracing else start_servers)(workdir)
+        try:
+            if not args.tracing:
+                wait_ready(urls["bare"], processes[1])
+                asyncio.run(wait_grpc(urls["bare-grpc"], processes[2]))
+            results = measure(urls, levels, rounds, args.quick)
+        finally:
+            for process in processes:
+                process.terminate()
+                process.wait(timeout=30)
+    summary = tracing_report(results, levels) if args.tracing else overhead_report(results, levels, rounds)
     if args.json:
         print(json.dumps(summary))
 

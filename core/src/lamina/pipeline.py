@@ -35,6 +35,7 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
     :raises LaminaError: on rejection or failure, after ``lamina_request_failed`` fired.
     """
     pm = stack.pm
+    structlog.contextvars.clear_contextvars()  # a request's log context starts fresh
     structlog.contextvars.bind_contextvars(request_id=ctx.request_id, tenant=ctx.tenant, arm="", backend=None)
     async with wrap_request(pm, ctx):
         await notify(pm, "lamina_request_received", ctx=ctx)
