@@ -183,7 +183,7 @@ class SseDecoder:
                 continue
             choice = parsed["choices"][0]
             ids = choice.get("token_ids", ())
-            chunk = TokenChunk(request_id=parsed["id"], index=self._index, token_ids=ids,
+            chunk = TokenChunk(request_id=parsed["id"], index=self._index, token_ids=tuple(ids),
                                text=choice["delta"].get("content") or "", finish_reason=choice["finish_reason"])
             self._index += len(ids)
             if chunk.is_final:
@@ -267,8 +267,7 @@ def time_floor(chunks: list[TokenChunk], streams: int) -> float:
         for _ in range(streams):
             for c in chunks:
                 TokenChunk(request_id=c.request_id, index=c.index, token_ids=c.token_ids, text=c.text,
-                           logprobs=c.logprobs, top_logprobs=c.top_logprobs, finish_reason=c.finish_reason,
-                           usage=c.usage)
+                           finish_reason=c.finish_reason, usage=c.usage)
         end = time.perf_counter_ns()
     finally:
         gc.enable()

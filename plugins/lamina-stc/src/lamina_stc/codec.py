@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import Final
 
 from lamina_hookspecs.errors import CodecError
 from lamina_hookspecs.protocols import StreamItem
@@ -19,14 +20,24 @@ from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import StreamError, StreamMeta, TokenChunk, TopLogprob, Usage
 from lamina_stc import wire
 from lamina_stc.wire import (
-    END, END_FLAGS, HAS_INDEX, HAS_LOGPROBS, HAS_TEXT, HAS_TOP_LOGPROBS, HAS_USAGE, MAX_FRAME_BYTES, TOKENS,
-    TOKENS_FLAGS, read_varint, varint,
+    END, END_FLAGS, HAS_INDEX, HAS_LOGPROBS, HAS_TEXT, HAS_TOP_LOGPROBS, HAS_USAGE, MAX_FRAME_BYTES, ONE_BYTE,
+    TOKENS, TOKENS_FLAGS, read_varint, varint,
 )
 
 _FLOAT = struct.Struct("<f")
 _FINISH_CODES = {reason: code for code, reason in enumerate(wire.FINISH_REASONS)}
 _INCLUDE_USAGE_CODES = {value: code for code, value in enumerate(wire.INCLUDE_USAGE)}
 _CHUNK_FRAMES = {False: "TOKENS", True: "END"}
+
+# The common frame: one token with its text at the implied index, not final, no logprobs.
+# Nearly every frame of a stream is one, so both sides handle it apart from the general
+# code (which stays the reference for every other frame and for every error).
+_COMMON: Final = bytes((TOKENS, HAS_TEXT, 1))
+"""The type, flags and count bytes that start a common frame's body."""
+_COMMON_HEADS: dict[int, bytes] = {}
+"""``_COMMON`` and the token id's varint, by token id: the part of a common frame that does not depend on its text."""
+_MAX_COMMON_HEADS: Final = 1 << 18
+"""Enough for any vocabulary's ids; past it, heads are built per frame rather than cached."""
 
 
 def _frame(body: bytearray) -> bytes:
@@ -68,6 +79,17 @@ class StcEncoder:
 
     def chunk(self, chunk: TokenChunk) -> bytes:
         """A TOKENS frame, or the END frame for the final chunk (``finish_reason`` set)."""
+        ids, text = chunk.token_ids, chunk.text
+        if (len(ids) == 1 and text and chunk.index == self._position and chunk.finish_reason is None
+                and chunk.logprobs is None and chunk.top_logprobs is None and self._started and not self._ended):
+            frame = _common_frame(ids[0], text)
+            if frame is not None:
+                self._position += 1
+                return frame
+        return self._chunk(chunk)
+
+    def _chunk(self, chunk: TokenChunk) -> bytes:
+        """Any chunk, field by field; it also raises every error of :meth:`chunk`."""
         if not self._started:
             raise CodecError("stc: chunk() before header()")
         if self._ended:
@@ -118,6 +140,31 @@ class StcEncoder:
             return b""
         self._started = True
         return wire.PREAMBLE
+
+
+def _common_frame(token_id: int, text: str) -> bytes | None:
+    """The fast path: the common frame of one token and its (non-empty) text, the general
+    code's bytes; ``None`` where the general code must write it: an id that is not an
+    ``int`` of at most three varint bytes, text that is long or not UTF-8 (the general code
+    raises the error)."""
+    if type(token_id) is not int:  # a look-up would find 5.0, which the general code refuses, as 5
+        return None
+    head = _COMMON_HEADS.get(token_id)
+    if head is None:
+        if not 0 <= token_id < 1 << 21:
+            return None
+        head = _COMMON + varint(token_id)
+        if len(_COMMON_HEADS) < _MAX_COMMON_HEADS:
+            _COMMON_HEADS[token_id] = head
+    try:
+        raw = text.encode()
+    except UnicodeEncodeError:
+        return None
+    size = len(raw)
+    length = len(head) + 1 + size
+    if length >= 0x80:  # the frame's length prefix (and so the text's size) would take two bytes
+        return None
+    return b"".join((ONE_BYTE[length], head, ONE_BYTE[size], raw))
 
 
 def _alternatives(top_logprobs: Sequence[Sequence[TopLogprob]], count: int) -> bytes:
@@ -193,7 +240,8 @@ class StcDecoder:
             if end > size:
                 self._needed = end - at
                 break
-            items.append(self._frame(data[start:end]))
+            chunk = self._common_chunk(data, start, end)
+            items.append(self._frame(data[start:end]) if chunk is None else chunk)
             at = end
         if at < size:
             self._buffer += data[at:]
@@ -203,6 +251,37 @@ class StcDecoder:
         if not self._ended:
             where = f" with {len(self._buffer)} bytes of an incomplete frame" if self._buffer else ""
             raise CodecError(f"stc: the stream was cut short: it ended before its END or ERROR frame{where}")
+
+    def _common_chunk(self, data: bytes, start: int, end: int) -> TokenChunk | None:
+        """The fast path: the common frame (see ``_COMMON``) in ``data[start:end]``, read in place;
+        ``None`` for any other frame, and for a malformed one, which :meth:`_frame` reads (and rejects)."""
+        meta = self._meta
+        # 5 bytes: type, flags, count, id, text size. Under 0x80, the text's size is one byte too.
+        if meta is None or not 5 <= end - start < 0x80 or data[start:start + 3] != _COMMON:
+            return None
+        at = start + 3
+        token_id = data[at]
+        if token_id < 0x80:
+            at += 1
+        else:  # a minimal two- or three-byte varint; the frame holds at least one byte after the first
+            second = data[at + 1]
+            if 0 < second < 0x80:
+                token_id = token_id & 0x7F | second << 7
+                at += 2
+            elif second >= 0x80 and at + 2 < end and 0 < data[at + 2] < 0x80:
+                token_id = token_id & 0x7F | (second & 0x7F) << 7 | data[at + 2] << 14
+                at += 3
+            else:
+                return None
+        if at >= end or data[at] != end - at - 1:  # the text's size must be the rest of the frame
+            return None
+        try:
+            text = data[at + 1:end].decode()
+        except UnicodeDecodeError:
+            return None
+        index = self._position
+        self._position = index + 1
+        return TokenChunk(request_id=meta.request_id, index=index, token_ids=(token_id,), text=text)
 
     def _frame(self, body: bytes) -> StreamItem:
         kind = body[0]
@@ -298,7 +377,7 @@ class StcDecoder:
         if at != len(body):
             raise CodecError(f"stc: {_CHUNK_FRAMES[final]} frame has {len(body) - at} bytes after its last field")
         self._position = index + count
-        return TokenChunk(request_id=meta.request_id, index=index, token_ids=ids, text=text, logprobs=logprobs,
+        return TokenChunk(request_id=meta.request_id, index=index, token_ids=tuple(ids), text=text, logprobs=logprobs,
                           top_logprobs=top_logprobs, finish_reason=finish_reason, usage=usage)
 
     def _error(self, body: bytes) -> StreamError:

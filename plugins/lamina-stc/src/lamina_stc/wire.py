@@ -48,13 +48,14 @@ MAX_TOP_LOGPROBS: Final = 64
 """Most alternatives per token."""
 MAX_VARINT: Final = (1 << 64) - 1
 
-_ONE_BYTE: Final = [bytes((value,)) for value in range(0x80)]
+ONE_BYTE: Final = [bytes((value,)) for value in range(0x80)]
+"""``bytes((value,))`` by value, below 0x80: a one-byte varint."""
 
 
 def varint(value: int) -> bytes:
     """``value`` (0 .. 2**64-1) as a minimal unsigned LEB128 varint."""
     if 0 <= value < 0x4000:  # one or two bytes: token ids, counts and lengths, without a loop
-        return _ONE_BYTE[value] if value < 0x80 else bytes((value & 0x7F | 0x80, value >> 7))
+        return ONE_BYTE[value] if value < 0x80 else bytes((value & 0x7F | 0x80, value >> 7))
     if not 0 <= value <= MAX_VARINT:
         raise CodecError(f"stc: {value} is outside the varint range 0 .. 2**64-1")
     out = bytearray()
@@ -121,7 +122,7 @@ def read_string(data: bytes, at: int, limit: int, what: str) -> tuple[str, int]:
 def optional_string(value: str | None, limit: int, what: str) -> bytes:
     """``None`` as varint 0; a string as its byte length + 1 and its UTF-8 bytes."""
     if value is None:
-        return _ONE_BYTE[0]
+        return ONE_BYTE[0]
     raw = _utf8(value, limit, what)
     return varint(len(raw) + 1) + raw
 
