@@ -292,3 +292,22 @@ def test_a_named_codec_streams_its_frames_which_decode_to_the_typed_chunks() -> 
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "x-nope" in info.value.details()
 
     run(ECHO, check)
+
+
+def test_w3c_trace_metadata_reaches_the_request_context_and_nothing_else() -> None:
+    seen: list[dict[str, str]] = []
+
+    class Traces:
+        @hookimpl
+        def lamina_request_received(self, ctx: Any) -> None:
+            seen.append(dict(ctx.trace_context))
+
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+    async def check(live: Live) -> None:
+        call = live.stub.Generate(text("hi"), metadata=(("traceparent", parent), ("tracestate", "v=1"),
+                                                        ("x-other", "no")))
+        assert "".join([c.text async for c in call]) == "hi"
+
+    run(ECHO, check, ("traces", Traces()))
+    assert seen == [{"traceparent": parent, "tracestate": "v=1"}]
