@@ -77,6 +77,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         config = (StackConfig.from_toml(args.stack, plugins.registry) if args.stack
                   else StackConfig.from_dict({}, plugins.registry))
+        if args.replicas is not None:
+            replicas = {**config.raw.get("replicas", {}), "count": args.replicas}
+            config = StackConfig.from_dict({**config.raw, "replicas": replicas}, plugins.registry,
+                                           source=config.source)
         overrides = {key: value for key, value in
                      (("host", args.host), ("port", args.port), ("grpc_port", args.grpc_port)) if value is not None}
         stack = Stack(attrs.evolve(config, server=attrs.evolve(config.server, **overrides)), plugins)
@@ -84,6 +88,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"error: {args.stack or 'default stack'}: {exc}", file=sys.stderr)
         return 1
     return serve(stack)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from lamina.server.serve import serve_worker
+    from lamina.stack import Stack
+
+    plugins = load_plugins()
+    try:
+        stack = Stack(StackConfig.from_toml(args.stack, plugins.registry), plugins)
+    except ConfigError as exc:
+        print(f"error: {args.stack}: {exc}", file=sys.stderr)
+        return 1
+    return serve_worker(stack, args.host, args.port)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,7 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (overrides server.host; default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="HTTP port (overrides server.port; default 8000)")
     serve.add_argument("--grpc-port", type=int, help="gRPC port (overrides server.grpc_port; default 50051)")
+    serve.add_argument("--replicas", type=int, help="run the executor in N supervised worker processes "
+                                                    "(overrides replicas.count)")
     serve.set_defaults(func=_cmd_serve)
+
+    worker = sub.add_parser("worker", help="serve one executor over gRPC for a gateway (see [replicas])")
+    worker.add_argument("stack", help="stack file (TOML or JSON); only its executor sections are used")
+    worker.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    worker.add_argument("--port", type=int, required=True, help="gRPC port")
+    worker.set_defaults(func=_cmd_worker)
 
     from lamina.bench.cli import add_parser as add_bench_parser
 

@@ -2,7 +2,9 @@
 
 Transports (HTTP, gRPC, in-process tests) call :func:`run_request` and encode what it
 yields. Closing the returned iterator early (client gone) aborts the executor stream,
-which frees the request's KV slots, and reports ``finish_reason="abort"``.
+which frees the request's KV slots, and reports ``finish_reason="abort"``. A backend lost
+before it sent anything (``BackendLostError``: a worker died or cannot be reached) is left
+out and the request routed again, while other backends remain.
 
 Every log line emitted while a request runs carries its ``request_id``, ``tenant``, ``arm``
 and ``backend``: they are bound as structlog context variables as they become known (the
@@ -17,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from lamina_hookspecs.errors import InternalError, LaminaError, NotFoundError
+from lamina_hookspecs.errors import BackendLostError, InternalError, LaminaError, NotFoundError
 from lamina_hookspecs.types import FinishReason, Request, RequestContext, TokenChunk
 from lamina.ab import arm_label
 from lamina.lifecycle import notify, wrap_request
@@ -50,22 +52,34 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
                 raise NotFoundError(f"model {request.model!r} is not served here; available: "
                                     f"{', '.join(sorted(served))}", param="model", code="model_not_found")
             await notify(pm, "lamina_request_admitted", ctx=ctx)
-            backend = pm.hook.lamina_route(ctx=ctx, request=request, backends=stack.backend_states(request, ctx))
-            ctx.backend = backend.name
-            structlog.contextvars.bind_contextvars(backend=backend.name, arm=arm_label(ctx.arms))
-            stack.admission.started(backend.name, time.monotonic())
-            await notify(pm, "lamina_request_routed", ctx=ctx)
-            stream = stack.backends[backend.name].generate(request)
-            try:
-                async for chunk in stream:
-                    if ctx.first_token_at is None and chunk.token_ids:
-                        ctx.first_token_at = time.monotonic()
-                        await notify(pm, "lamina_request_first_token", ctx=ctx)
-                    if chunk.finish_reason is not None:
-                        finish, ctx.usage = chunk.finish_reason, chunk.usage
-                    yield chunk
-            finally:
-                await stream.aclose()
+            lost: set[str] = set()
+            while True:
+                states = [s for s in stack.backend_states(request, ctx) if s.name not in lost]
+                backend = pm.hook.lamina_route(ctx=ctx, request=request, backends=states)
+                ctx.backend = backend.name
+                structlog.contextvars.bind_contextvars(backend=backend.name, arm=arm_label(ctx.arms))
+                stack.admission.started(backend.name, time.monotonic())
+                await notify(pm, "lamina_request_routed", ctx=ctx)
+                stream = stack.backends[backend.name].generate(request)
+                sent = False
+                try:
+                    async for chunk in stream:
+                        if ctx.first_token_at is None and chunk.token_ids:
+                            ctx.first_token_at = time.monotonic()
+                            await notify(pm, "lamina_request_first_token", ctx=ctx)
+                        if chunk.finish_reason is not None:
+                            finish, ctx.usage = chunk.finish_reason, chunk.usage
+                        sent = True
+                        yield chunk
+                    break
+                except BackendLostError as exc:
+                    if sent or len(lost) + 1 >= len(states):
+                        raise
+                    log.warning("retrying_on_another_backend", lost=backend.name, error=exc.message)
+                    stack.admission.record(backend.name, False, time.monotonic())
+                    lost.add(backend.name)
+                finally:
+                    await stream.aclose()
         except LaminaError as exc:
             error = exc
             raise

@@ -8,6 +8,7 @@ The hot path then calls the resolved objects directly.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -26,6 +27,8 @@ from lamina.lifecycle import notify
 from lamina.options import build_options
 from lamina.plugins import PluginSet
 from lamina.registry import Component
+from lamina.remote import RemoteExecutor
+from lamina.replicas import ReplicaSet
 from lamina.stack_config import ComponentSpec, Split, StackConfig
 
 CORE_PLUGIN_NAME = "lamina.core"
@@ -99,22 +102,38 @@ class Stack:
         self.prefix_cache = _build_arms("prefix_cache", config.layers["prefix_cache"], name)
         if len(self.batching.instances) > 1 or len(self.prefix_cache.instances) > 1:
             raise ConfigError("ab", "splitting batching or prefix_cache needs one executor per arm (not yet supported)")
-        self.executors = _build_arms(
-            "executor", config.layers["executor"], name,
-            batching=next(iter(self.batching.instances.values()), None),
-            prefix_cache=next(iter(self.prefix_cache.instances.values()), None),
-        )
+        self.replicas: ReplicaSet | None = None
+        if config.remote:  # the executor runs in workers or remote servers: see _remote_backends
+            self.executors = Arms("executor", {})
+        else:
+            self.executors = _build_arms(
+                "executor", config.layers["executor"], name,
+                batching=next(iter(self.batching.instances.values()), None),
+                prefix_cache=next(iter(self.prefix_cache.instances.values()), None),
+            )
         self.routers = _build_arms("router", config.layers["router"], name)
         self.codecs = _build_arms("codec", config.layers["codec"], name)
         self.autoscaler = _build_arms("autoscaler", config.layers["autoscaler"], name).instances[""]
-        self.backends: dict[str, Executor] = {
+        self.backends: dict[str, Executor] = (self._remote_backends(config) if config.remote else {
             (arm or "local"): executor for arm, executor in self.executors.instances.items()
-        }
+        })
         self.admission = self._build_admission(config.admission, name)
         self.observers = [(f"observer[{i}]:{spec.name}", _instantiate(spec, BuildContext(stack_name=name)))
                           for i, spec in enumerate(config.observers)]
         self._core_hooks = _CoreHooks(self)
         self._codecs_by_type: dict[str, Codec] | None = None
+
+    def _remote_backends(self, config: StackConfig) -> dict[str, Executor]:
+        """One :class:`RemoteExecutor` per local worker (``[replicas]``) and per ``[[backends]]`` entry."""
+        backends: dict[str, Executor] = {}
+        if config.replicas.count:
+            self.replicas = ReplicaSet(config.replicas, config.raw)
+            for worker in self.replicas.workers:
+                backends[worker.name] = RemoteExecutor(worker.name, worker.address,
+                                                       connect_timeout_s=config.replicas.start_timeout_s)
+        for backend in config.backends:
+            backends[backend.name] = RemoteExecutor(backend.name, backend.address)
+        return backends
 
     def _build_admission(self, specs: Sequence[ComponentSpec | Split], name: str) -> Admission:
         entries, breakers = [], []
@@ -170,7 +189,7 @@ class Stack:
             arm, executor = self.executors.pick(ctx)
             candidates = {arm: executor}
         else:
-            candidates = self.backends
+            candidates = {name: e for name, e in self.backends.items() if e.model.id == request.model}
         now = time.monotonic()  # the breakers' clock: the pipeline reports started/finished on it too
         return [attrs.evolve(executor.state(), name=name,
                              circuit_open=self.admission.retry_after(name, now) is not None)
@@ -181,8 +200,9 @@ class Stack:
         self.pm.register(self._core_hooks, name=CORE_PLUGIN_NAME)
         for plugin_name, observer in self.observers:
             self.pm.register(observer, name=plugin_name)
-        for executor in self.backends.values():
-            await executor.start()
+        if self.replicas is not None:
+            self.replicas.start()
+        await asyncio.gather(*(executor.start() for executor in self.backends.values()))
         await notify(self.pm, "lamina_stack_started", stack=self.info)
 
     async def stop(self) -> None:
@@ -190,6 +210,8 @@ class Stack:
         await notify(self.pm, "lamina_stack_stopping", stack=self.info)
         for executor in self.backends.values():
             await executor.stop()
+        if self.replicas is not None:
+            await self.replicas.stop()
         self.pm.unregister(self._core_hooks)
         for plugin_name, observer in self.observers:
             self.pm.unregister(observer)

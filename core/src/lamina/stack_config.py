@@ -9,6 +9,7 @@ path and, where it can, the closest valid choice.
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,7 +35,11 @@ DEFAULTS: dict[str, str] = {
 SPLITTABLE: tuple[Layer, ...] = (layers.ROUTER, layers.CODEC, layers.EXECUTOR, layers.PREFIX_CACHE, layers.BATCHING)
 SINGLE: tuple[Layer, ...] = (layers.AUTOSCALER,)
 STICKY_KEYS = ("tenant", "user", "request")
-SECTIONS = ("stack", "server", "admission", "observers", "slo", "ab", *(layer.key for layer in SPLITTABLE + SINGLE))
+SECTIONS = ("stack", "server", "replicas", "backends", "admission", "observers", "slo", "ab",
+            *(layer.key for layer in SPLITTABLE + SINGLE))
+WORKER_SECTIONS = ("stack", "executor", "prefix_cache", "batching")
+"""What a worker process (``lamina worker``) takes from its gateway's stack: the executor and
+what it is built with. Admission, routing, observers and SLOs stay with the gateway."""
 
 
 @attrs.frozen(kw_only=True)
@@ -93,6 +98,31 @@ class ServerConfig:
 
 
 @attrs.frozen(kw_only=True)
+class ReplicasConfig:
+    """The ``[replicas]`` table: local worker processes, each running the stack's executor."""
+
+    count: int = attrs.field(default=0, validator=attrs.validators.ge(0), metadata={
+        "help": "worker processes (lamina worker) to start and supervise; 0 runs the executor in this process"})
+    host: str = attrs.field(default="127.0.0.1", metadata={"help": "address the workers listen on"})
+    base_port: int = attrs.field(
+        default=0, validator=[attrs.validators.ge(0), attrs.validators.le(65535)],
+        metadata={"help": "gRPC port of the first worker, the others follow it; 0 picks free ports"})
+    restart_backoff_s: float = attrs.field(default=1.0, validator=attrs.validators.ge(0.0), metadata={
+        "help": "wait before restarting a crashed worker, doubled per crash in a row (at most 30 s)"})
+    start_timeout_s: float = attrs.field(default=600.0, validator=attrs.validators.gt(0.0), metadata={
+        "help": "how long a worker may take to load its model"})
+
+
+@attrs.frozen(kw_only=True)
+class RemoteBackend:
+    """One ``[[backends]]`` entry: a Lamina server (``lamina worker`` or ``lamina serve``) elsewhere."""
+
+    name: str = attrs.field(validator=attrs.validators.min_len(1), metadata={"help": "the backend's name"})
+    address: str = attrs.field(validator=attrs.validators.min_len(1),
+                               metadata={"help": "its gRPC address, host:port"})
+
+
+@attrs.frozen(kw_only=True)
 class StackMeta:
     """The ``[stack]`` table."""
 
@@ -107,7 +137,9 @@ class StackConfig:
     ``layers`` maps each layer key to a :class:`ComponentSpec`, a :class:`Split`, or
     ``None`` for an optional layer the stack leaves out (prefix cache, batching).
     ``observers`` are the ``[[observers]]`` lifecycle plugins switched on, ``slo`` the
-    objectives whose burn rates ``/metrics`` exports.
+    objectives whose burn rates ``/metrics`` exports. With ``replicas.count`` workers or
+    ``[[backends]]`` the executor runs elsewhere and the gateway routes across them. ``raw``
+    is the table as read, for the workers' own stack.
     """
 
     meta: StackMeta
@@ -116,18 +148,27 @@ class StackConfig:
     admission: tuple[ComponentSpec | Split, ...]
     observers: tuple[ComponentSpec, ...] = ()
     slo: SloConfig = SloConfig()
+    replicas: ReplicasConfig = ReplicasConfig()
+    backends: tuple[RemoteBackend, ...] = ()
+    raw: Mapping[str, Any] = attrs.field(factory=dict, repr=False, eq=False)
     source: Path | None = None
+
+    @property
+    def remote(self) -> bool:
+        """Whether the executor runs in worker processes or remote servers rather than here."""
+        return self.replicas.count > 0 or bool(self.backends)
 
     @classmethod
     def from_toml(cls, path: str | Path, registry: ComponentRegistry) -> StackConfig:
-        """Read and validate a stack file."""
+        """Read and validate a stack file (TOML; a ``.json`` file holds the same tables)."""
         path = Path(path)
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            text = path.read_text(encoding="utf-8")
+            data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
         except OSError as exc:
             raise ConfigError("", f"cannot read stack file {path}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("", f"{path} is not valid TOML: {exc}") from None
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError("", f"{path} is not valid {path.suffix.lstrip('.').upper() or 'TOML'}: {exc}") from None
         return cls.from_dict(data, registry, source=path)
 
     @classmethod
@@ -154,6 +195,15 @@ class StackConfig:
             else:
                 resolved[layer.key] = None
         admission, observers = _array(data, "admission"), _array(data, "observers")
+        replicas = build_options(ReplicasConfig, _table(data.get("replicas", {}), "replicas"), "replicas")
+        backends = tuple(build_options(RemoteBackend, _table(item, f"backends[{i}]"), f"backends[{i}]")
+                         for i, item in enumerate(_array(data, "backends")))
+        if (replicas.count or backends) and isinstance(resolved["executor"], Split):
+            raise ConfigError("ab.executor", "an executor split needs the executors in this process; "
+                                             "with [replicas] or [[backends]], split the router instead")
+        names = [f"replica-{i}" for i in range(replicas.count)] + [b.name for b in backends]
+        if len(set(names)) < len(names):
+            raise ConfigError("backends", f"backend names must be unique; got {', '.join(names)}")
         return cls(
             meta=build_options(StackMeta, _table(data.get("stack", {}), "stack"), "stack"),
             server=build_options(ServerConfig, _table(data.get("server", {}), "server"), "server"),
@@ -167,6 +217,9 @@ class StackConfig:
                 for i, item in enumerate(observers)
             ),
             slo=build_options(SloConfig, _table(data.get("slo", {}), "slo"), "slo"),
+            replicas=replicas,
+            backends=backends,
+            raw=data,
             source=source,
         )
 
@@ -191,6 +244,8 @@ class StackConfig:
             "admission": [entry(s) for s in self.admission],
             "observers": [spec(s) for s in self.observers],
             "slo": attrs.asdict(self.slo),
+            "replicas": attrs.asdict(self.replicas),
+            "backends": [attrs.asdict(b) for b in self.backends],
             "source": str(self.source) if self.source else None,
         }
 

@@ -133,6 +133,11 @@ class NoBackendError(ServiceUnavailableError):
     """The router had no backend it could choose."""
 
 
+class BackendLostError(ServiceUnavailableError):
+    """A backend could not be reached or went away mid-request (a worker process died).
+    Core retries the request on another backend when no token was sent yet."""
+
+
 class RequestTimeoutError(LaminaError):
     """The request ran past its deadline (HTTP 504)."""
 

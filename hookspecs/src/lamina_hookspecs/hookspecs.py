@@ -255,7 +255,8 @@ def lamina_route(ctx: RequestContext, request: Request, backends: Sequence[Backe
 
 @hookspec
 def lamina_request_routed(ctx: RequestContext) -> None:
-    """A backend was chosen; ``ctx.backend`` names it. Observer; once per request.
+    """A backend was chosen; ``ctx.backend`` names it. Observer; once per request, and again
+    when the backend was lost before sending a token and the request is routed elsewhere.
 
     :param ctx: the request's context.
     """

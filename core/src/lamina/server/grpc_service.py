@@ -18,6 +18,11 @@ next chunk, never half-way through a write; the stream then ends normally with a
 chunk whose ``finish_reason`` is ``"abort"`` (no usage), so the caller keeps what it got and
 can tell an abort from a broken connection.
 
+A worker (``lamina worker``) serves the same API to its gateway, which polls ``GetState`` for
+routing and passes the tenant admission decided in the ``x-lamina-tenant`` metadata; only a
+service built with ``trust_tenant=True`` (a worker, listening on loopback or a private network)
+reads it — a public server never lets a client choose its tenant.
+
 The standard health service answers SERVING while every executor is healthy (checked every
 second) and NOT_SERVING for good once :meth:`InferenceService.drain` is called; new
 ``Generate`` calls then get UNAVAILABLE while running ones finish. Server reflection lists
@@ -44,6 +49,7 @@ from lamina_hookspecs.types import RequestContext, StreamMeta, TokenChunk
 from lamina.admission import bearer_token
 from lamina.lifecycle import trace_context
 from lamina.pipeline import run_request
+from lamina.server.convert import TENANT_METADATA, to_proto
 from lamina.server.openai_api import parse_chat, parse_completion
 from lamina.server.proto.lamina.v1 import inference_pb2 as pb
 from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
@@ -91,21 +97,6 @@ def openai_body(request: pb.GenerateRequest) -> tuple[str, dict[str, Any]]:
     return "completion", body
 
 
-def to_proto(request_id: str, chunk: TokenChunk) -> pb.GenerateChunk:
-    """One pipeline chunk as a ``GenerateChunk``."""
-    usage = chunk.usage
-    return pb.GenerateChunk(
-        request_id=request_id, index=chunk.index, token_ids=chunk.token_ids, text=chunk.text,
-        logprobs=chunk.logprobs or (),
-        top_logprobs=[pb.TopLogprobs(alternatives=[pb.TopLogprob(token_id=a.token_id, text=a.text, logprob=a.logprob)
-                                                   for a in alternatives])
-                      for alternatives in chunk.top_logprobs or ()],
-        finish_reason=chunk.finish_reason or "",
-        usage=None if usage is None else pb.Usage(prompt_tokens=usage.prompt_tokens,
-                                                  completion_tokens=usage.completion_tokens,
-                                                  cached_tokens=usage.cached_tokens))
-
-
 async def _fail(context: Context, error: LaminaError) -> NoReturn:
     trailers = () if error.retry_after is None else (("retry-after", str(max(1, round(error.retry_after)))),)
     await context.abort(grpc.StatusCode[error.grpc_code], error.message, trailing_metadata=trailers)
@@ -148,8 +139,8 @@ class _Flight:
 class InferenceService(pb_grpc.InferenceServicer):
     """The ``lamina.v1.Inference`` servicer over one stack, with its health service."""
 
-    def __init__(self, stack: Stack) -> None:
-        self.stack = stack
+    def __init__(self, stack: Stack, *, trust_tenant: bool = False) -> None:
+        self.stack, self.trust_tenant = stack, trust_tenant
         self.health = health.aio.HealthServicer()
         self.draining = False
         self._flights: dict[str, _Flight] = {}
@@ -213,6 +204,8 @@ class InferenceService(pb_grpc.InferenceServicer):
             ctx = RequestContext(request_id=request_id, endpoint=kind, client=context.peer(),
                                  credential=bearer_token(metadata.get("authorization")),
                                  trace_context=trace_context(metadata))
+            if self.trust_tenant and metadata.get(TENANT_METADATA):
+                ctx.tenant = metadata[TENANT_METADATA]
             parse = parse_chat if kind == "chat" else parse_completion
             chunks = run_request(self.stack, ctx, body, lambda b: parse(b, request_id, ctx.tenant))
             async with contextlib.aclosing(chunks):  # type: ignore[type-var]
@@ -253,6 +246,17 @@ class InferenceService(pb_grpc.InferenceServicer):
             await _fail(context, NotFoundError(f"no running request {request.request_id!r}", param="request_id"))
         flight.abort()
         return pb.AbortReply()
+
+    async def GetState(self, request: pb.GetStateRequest, context: Context) -> pb.BackendStateReply:  # noqa: N802
+        states = [executor.state() for executor in self.stack.backends.values()]
+        latencies = [s.recent_latency_s for s in states if s.recent_latency_s is not None]
+        return pb.BackendStateReply(
+            healthy=all(s.healthy for s in states), draining=self.draining or any(s.draining for s in states),
+            outstanding_requests=sum(s.outstanding_requests for s in states),
+            outstanding_tokens=sum(s.outstanding_tokens for s in states),
+            queue_depth=sum(s.queue_depth for s in states), kv_blocks_used=sum(s.kv_blocks_used for s in states),
+            kv_blocks_total=sum(s.kv_blocks_total for s in states),
+            recent_latency_s=max(latencies) if latencies else None, tokens_per_s=sum(s.tokens_per_s for s in states))
 
     async def ListModels(self, request: pb.ListModelsRequest, context: Context) -> pb.ListModelsReply:  # noqa: N802
         models = {executor.model.id: executor.model for executor in self.stack.backends.values()}

@@ -1,4 +1,5 @@
-"""``lamina serve``: build a stack, load its model in the background, serve HTTP and gRPC.
+"""``lamina serve``: build a stack, load its model in the background, serve HTTP and gRPC;
+``lamina worker``: one executor behind the gRPC API, for a gateway's ``[replicas]``.
 
 One asyncio loop runs uvicorn (HTTP) and ``grpc.aio`` (gRPC). The listeners start at once
 so that ``/health`` answers while the model loads; ``/ready`` (and the gRPC health service)
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -137,4 +139,31 @@ def serve(stack: Stack) -> int:
     warn_if_open(stack, host)
     _say(f"listening on http://{host}:{port} (loading the model; /ready turns 200 when it is loaded)")
     server.run()
+    return 0
+
+
+def serve_worker(stack: Stack, host: str, port: int) -> int:
+    """Load the stack's executor, then serve it over gRPC on ``host:port`` (trusting the gateway's
+    tenant metadata) until SIGTERM/SIGINT; running requests then get ``drain_timeout_s`` to finish."""
+
+    async def main() -> None:
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        began = time.monotonic()
+        await stack.start()
+        service = InferenceService(stack, trust_tenant=True)
+        server, bound = await start_grpc(service, host, port)
+        await service.watch_health()
+        _say(f"worker ready in {time.monotonic() - began:.1f}s on {host}:{bound}")
+        await stopping.wait()
+        await service.drain()
+        deadline = time.monotonic() + stack.config.server.drain_timeout_s
+        while service.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await server.stop(grace=1.0)
+        await stack.stop()
+
+    asyncio.run(main())
     return 0

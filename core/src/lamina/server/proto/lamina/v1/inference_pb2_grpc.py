@@ -50,6 +50,11 @@ class InferenceStub:
                 request_serializer=lamina_dot_v1_dot_inference__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=lamina_dot_v1_dot_inference__pb2.ListModelsReply.FromString,
                 _registered_method=True)
+        self.GetState = channel.unary_unary(
+                '/lamina.v1.Inference/GetState',
+                request_serializer=lamina_dot_v1_dot_inference__pb2.GetStateRequest.SerializeToString,
+                response_deserializer=lamina_dot_v1_dot_inference__pb2.BackendStateReply.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -80,6 +85,14 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetState(self, request, context):
+        """The live load of this server's executors, summed: what a gateway routing across
+        workers (`lamina worker`) polls.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -97,6 +110,11 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=lamina_dot_v1_dot_inference__pb2.ListModelsRequest.FromString,
                     response_serializer=lamina_dot_v1_dot_inference__pb2.ListModelsReply.SerializeToString,
+            ),
+            'GetState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetState,
+                    request_deserializer=lamina_dot_v1_dot_inference__pb2.GetStateRequest.FromString,
+                    response_serializer=lamina_dot_v1_dot_inference__pb2.BackendStateReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,6 +199,33 @@ class Inference:
             '/lamina.v1.Inference/ListModels',
             lamina_dot_v1_dot_inference__pb2.ListModelsRequest.SerializeToString,
             lamina_dot_v1_dot_inference__pb2.ListModelsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lamina.v1.Inference/GetState',
+            lamina_dot_v1_dot_inference__pb2.GetStateRequest.SerializeToString,
+            lamina_dot_v1_dot_inference__pb2.BackendStateReply.FromString,
             options,
             channel_credentials,
             insecure,

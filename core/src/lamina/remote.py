@@ -1,0 +1,144 @@
+"""A backend in another process: a ``lamina worker`` (or any Lamina gRPC server) as an executor.
+
+The gateway's pipeline drives it like a local executor: ``generate`` streams
+``lamina.v1.Inference/Generate`` (the request id, prompt and sampling as the worker's own
+parser expects them; the tenant admission chose in ``x-lamina-tenant`` metadata, for the
+worker's prefix-cache isolation), and closing the stream cancels the call, which frees the
+request's KV slots in the worker. ``state`` is cheap: a background task polls ``GetState``
+every 100 ms; the gateway's own count of requests in flight there is added at once, so a
+burst of arrivals is routed on current numbers, not the last poll. A backend that does not
+answer the poll is reported unhealthy (routers then skip it) until it answers again.
+
+gRPC statuses come back as the error classes they stand for; a lost connection or an
+UNAVAILABLE worker is :class:`~lamina_hookspecs.errors.BackendLostError`, which core
+retries on another backend when no token was sent yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import attrs
+import grpc
+import structlog
+
+from lamina_hookspecs.errors import (
+    BackendLostError, InternalError, InvalidRequestError, LaminaError, NotFoundError, RateLimitError,
+    RequestTimeoutError,
+)
+from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
+from lamina.server.convert import TENANT_METADATA, from_proto, to_proto_request
+from lamina.server.proto.lamina.v1 import inference_pb2 as pb
+from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
+
+log = structlog.get_logger(__name__)
+
+POLL_S = 0.1
+"""How often each backend's state is polled."""
+STATE_TIMEOUT_S = 1.0
+"""A poll not answered within this marks the backend unhealthy."""
+
+_ERRORS: dict[grpc.StatusCode, type[LaminaError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequestError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: RateLimitError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: RequestTimeoutError,
+}
+
+
+class RemoteExecutor:
+    """One remote backend, reached at ``address`` (``host:port``)."""
+
+    def __init__(self, name: str, address: str, *, connect_timeout_s: float = 600.0) -> None:
+        self.name, self.address, self.connect_timeout_s = name, address, connect_timeout_s
+        self.model = ModelInfo(id="", context_length=1)  # what the backend serves: known once started
+        self._state = BackendState(name=name, model="", healthy=False)
+        self._in_flight = 0
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: pb_grpc.InferenceStub | None = None
+        self._poller: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Connect, wait (up to ``connect_timeout_s``) until the backend lists its model, start polling."""
+        self._channel = grpc.aio.insecure_channel(self.address)
+        self._stub = pb_grpc.InferenceStub(self._channel)
+        deadline = time.monotonic() + self.connect_timeout_s
+        while True:
+            try:
+                reply = await self._stub.ListModels(pb.ListModelsRequest(), timeout=STATE_TIMEOUT_S)
+                if reply.models:
+                    break
+            except grpc.aio.AioRpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise BackendLostError(f"backend {self.name} at {self.address} did not answer within "
+                                       f"{self.connect_timeout_s:g} s")
+            await asyncio.sleep(0.2)
+        if len(reply.models) > 1:
+            log.warning("remote_backend_serves_several_models", backend=self.name, using=reply.models[0].id)
+        model = reply.models[0]
+        self.model = ModelInfo(id=model.id, context_length=model.context_length, owned_by=model.owned_by)
+        await self._poll_once()
+        self._poller = asyncio.create_task(self._poll())
+
+    async def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        if self._channel is not None:
+            await self._channel.close()
+
+    def state(self) -> BackendState:
+        remote = self._state
+        if self._in_flight > remote.outstanding_requests:
+            return attrs.evolve(remote, outstanding_requests=self._in_flight)
+        return remote
+
+    async def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
+        if self._stub is None:
+            raise BackendLostError(f"backend {self.name} is not started")
+        call = self._stub.Generate(to_proto_request(request), metadata=((TENANT_METADATA, request.tenant),))
+        self._in_flight += 1
+        try:
+            async for chunk in call:
+                yield from_proto(chunk)
+        except grpc.aio.AioRpcError as exc:
+            raise self._error(exc) from None
+        finally:
+            self._in_flight -= 1
+            call.cancel()  # no-op once the call ended; otherwise the worker aborts the request
+
+    def _error(self, exc: grpc.aio.AioRpcError) -> LaminaError:
+        details = exc.details() or exc.code().name
+        cls = _ERRORS.get(exc.code())
+        if cls is not None:
+            return cls(details)
+        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN):
+            return BackendLostError(f"backend {self.name} ({self.address}) was lost: {details}",
+                                    code="backend_lost")
+        return InternalError(f"backend {self.name}: {exc.code().name}: {details}")
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(POLL_S)
+            await self._poll_once()
+
+    async def _poll_once(self) -> None:
+        assert self._stub is not None
+        try:
+            r = await self._stub.GetState(pb.GetStateRequest(), timeout=STATE_TIMEOUT_S)
+        except grpc.aio.AioRpcError:
+            if self._state.healthy:
+                log.warning("backend_unreachable", backend=self.name, address=self.address)
+            self._state = BackendState(name=self.name, model=self.model.id, healthy=False)
+            return
+        self._state = BackendState(
+            name=self.name, model=self.model.id, healthy=r.healthy, draining=r.draining,
+            outstanding_requests=r.outstanding_requests, outstanding_tokens=r.outstanding_tokens,
+            queue_depth=r.queue_depth, kv_blocks_used=r.kv_blocks_used, kv_blocks_total=r.kv_blocks_total,
+            recent_latency_s=r.recent_latency_s if r.HasField("recent_latency_s") else None,
+            tokens_per_s=r.tokens_per_s)

@@ -1,0 +1,66 @@
+"""Between the pipeline's value types and ``lamina.v1`` messages, both ways.
+
+The gRPC service writes chunks with :func:`to_proto`; a gateway talking to its workers
+(:mod:`lamina.remote`) writes requests with :func:`to_proto_request` and reads chunks back
+with :func:`from_proto`.
+"""
+
+from __future__ import annotations
+
+from lamina_hookspecs.types import Request, TokenChunk, TopLogprob, Usage
+from lamina.server.proto.lamina.v1 import inference_pb2 as pb
+
+TENANT_METADATA = "x-lamina-tenant"
+"""The tenant a gateway decided, passed to its workers (read only by a ``trust_tenant`` service)."""
+
+
+def to_proto(request_id: str, chunk: TokenChunk) -> pb.GenerateChunk:
+    """One pipeline chunk as a ``GenerateChunk``."""
+    usage = chunk.usage
+    return pb.GenerateChunk(
+        request_id=request_id, index=chunk.index, token_ids=chunk.token_ids, text=chunk.text,
+        logprobs=chunk.logprobs or (),
+        top_logprobs=[pb.TopLogprobs(alternatives=[pb.TopLogprob(token_id=a.token_id, text=a.text, logprob=a.logprob)
+                                                   for a in alternatives])
+                      for alternatives in chunk.top_logprobs or ()],
+        finish_reason=chunk.finish_reason or "",
+        usage=None if usage is None else pb.Usage(prompt_tokens=usage.prompt_tokens,
+                                                  completion_tokens=usage.completion_tokens,
+                                                  cached_tokens=usage.cached_tokens, queue_s=usage.queue_s))
+
+
+def from_proto(chunk: pb.GenerateChunk) -> TokenChunk:
+    """A ``GenerateChunk`` with typed fields back into the pipeline's chunk (the inverse of :func:`to_proto`)."""
+    usage = chunk.usage if chunk.HasField("usage") else None
+    return TokenChunk(
+        request_id=chunk.request_id, index=chunk.index, token_ids=tuple(chunk.token_ids), text=chunk.text,
+        logprobs=tuple(chunk.logprobs) if chunk.logprobs else None,
+        top_logprobs=tuple(tuple(TopLogprob(token_id=a.token_id, text=a.text, logprob=a.logprob)
+                                 for a in entry.alternatives) for entry in chunk.top_logprobs)
+        if chunk.top_logprobs else None,
+        finish_reason=chunk.finish_reason or None,  # type: ignore[arg-type]
+        usage=None if usage is None else Usage(prompt_tokens=usage.prompt_tokens,
+                                               completion_tokens=usage.completion_tokens,
+                                               cached_tokens=usage.cached_tokens, queue_s=usage.queue_s))
+
+
+def to_proto_request(request: Request) -> pb.GenerateRequest:
+    """The ``GenerateRequest`` a worker parses back into ``request`` (fields left unset where
+    the request left them to the parser's defaults)."""
+    s = request.sampling
+    sampling = pb.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, stop=s.stop,
+                                 stop_token_ids=s.stop_token_ids, logprobs=s.logprobs,
+                                 top_logprobs=s.top_logprobs, ignore_eos=s.ignore_eos)
+    if s.max_tokens is not None:
+        sampling.max_tokens = s.max_tokens
+    if s.seed is not None:
+        sampling.seed = s.seed
+    message = pb.GenerateRequest(request_id=request.id, model=request.model, sampling=sampling,
+                                 user=request.user or "")
+    if request.messages is not None:
+        message.chat.messages.extend(pb.ChatMessage(role=m.role, content=m.content) for m in request.messages)
+    elif request.prompt_token_ids is not None:
+        message.token_ids.ids.extend(request.prompt_token_ids)
+    else:
+        message.text = request.prompt or ""
+    return message
