@@ -48,7 +48,7 @@ def test_api_keys_map_to_tenants_through_the_openai_client(live: Any, keys_env: 
     assert missing.json()["error"]["type"] == "authentication_error"
     metrics = httpx.get(f"{server.url}/metrics").text
     assert 'lamina_requests_total{arm="",endpoint="chat",status="200",tenant="acme"} 1.0' in metrics
-    assert 'lamina_generation_tokens_total{tenant="acme"} 2.0' in metrics
+    assert 'lamina_generation_tokens_total{arm="",tenant="acme"} 2.0' in metrics
     assert lamina_logs, "the server logged its requests"
     assert not any(KEY in repr(entry) for entry in lamina_logs), "an API key reached the logs"
 

@@ -150,9 +150,9 @@ class Metrics:
             "lamina_e2e_request_latency_seconds", "End-to-end request latency.", ["arm"], buckets=LATENCY_BUCKETS,
             registry=r)
         self.prompt_tokens = prometheus_client.Counter(
-            "lamina_prompt_tokens", "Prompt tokens processed, by tenant.", ["tenant"], registry=r)
+            "lamina_prompt_tokens", "Prompt tokens processed, by tenant and A/B arm.", ["tenant", "arm"], registry=r)
         self.generation_tokens = prometheus_client.Counter(
-            "lamina_generation_tokens", "Tokens generated, by tenant.", ["tenant"], registry=r)
+            "lamina_generation_tokens", "Tokens generated, by tenant and A/B arm.", ["tenant", "arm"], registry=r)
         r.register(_BackendGauges(stack))
         r.register(_PrefixCacheStats(stack))
         self.slo = SloTracker(stack.config.slo, time.monotonic)
@@ -186,8 +186,8 @@ class Metrics:
         if ctx.finished_at is not None:
             self.e2e.labels(arm).observe(ctx.finished_at - ctx.received_at)
         if ctx.usage is not None:
-            self.prompt_tokens.labels(ctx.tenant).inc(ctx.usage.prompt_tokens)
-            self.generation_tokens.labels(ctx.tenant).inc(ctx.usage.completion_tokens)
+            self.prompt_tokens.labels(ctx.tenant, arm).inc(ctx.usage.prompt_tokens)
+            self.generation_tokens.labels(ctx.tenant, arm).inc(ctx.usage.completion_tokens)
 
     @hookimpl
     def lamina_request_failed(self, ctx: RequestContext, error: LaminaError) -> None:
