@@ -102,3 +102,24 @@ def test_replica_config_errors_name_the_key(data: dict[str, Any], path: str) -> 
     with pytest.raises(ConfigError) as info:
         StackConfig.from_dict(data, load_plugins().registry)
     assert info.value.path.startswith(path), (info.value.path, str(info.value))
+
+
+def test_a_routing_tree_sends_requests_to_pools(live: Any, lamina_logs: list[dict[str, Any]]) -> None:
+    big = live({"executor": {"use": "echo", "model": "pool-big"}, "replicas": {"count": 1}})
+    gateway = live({
+        "executor": {"use": "echo", "model": "pool-small"}, "replicas": {"count": 1},
+        "backends": [{"name": "big-0", "address": big.stack.replicas.workers[0].address}],
+        "route_tree": {"classes": {"transactional": ["cancel", "refund"]}, "root": {
+            "if": "intent has transactional", "then": {"name": "txn", "pool": "pool-big", "router": "round-robin"},
+            "else": {"name": "chat", "pool": "pool-small", "router": "round-robin"}}},
+    })
+    for content, pool in (("cancel my order", "pool-big"), ("hello there", "pool-small")):
+        reply = httpx.post(f"{gateway.url}/v1/chat/completions",
+                           json={"model": "auto", "messages": [{"role": "user", "content": content}]})
+        assert reply.status_code == 200 and reply.json()["model"] == pool
+    finished = [e for e in lamina_logs if e["event"] == "request_finished"][-2:]
+    assert [(e["route_leaf"], e["backend"]) for e in finished] == [("txn", "big-0"), ("chat", "replica-0")]
+    assert finished[0]["route_features"]["intent"] == ("transactional",)
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    assert 'lamina_route_tree_requests_total{leaf="txn"} 1.0' in metrics
+    assert 'lamina_route_tree_requests_total{leaf="chat"} 1.0' in metrics

@@ -48,3 +48,15 @@ def test_check_rejects_a_typo_naming_the_key_and_choices(tmp_path: Path, capsys:
     assert main(["check", str(stack)]) == 1
     err = capsys.readouterr().err
     assert "router.use: no router named 'round-robn'; did you mean 'round-robin'? installed: round-robin" in err
+
+
+def test_route_explain_prints_the_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stack = tmp_path / "tree.toml"
+    stack.write_text('[executor]\nuse = "echo"\n[route_tree.classes]\ntransactional = ["cancel"]\n'
+                     '[route_tree.root]\nif = "intent has transactional"\n'
+                     'then = { name = "txn", pool = "big", router = "round-robin" }\n'
+                     'else = { name = "chat", pool = "small", router = "round-robin" }\n')
+    assert main(["route", "explain", str(stack), "--prompt", "Cancel it", "--chat"]) == 0
+    out = capsys.readouterr().out
+    assert "intent = ('transactional',)" in out and "intent has transactional: yes" in out
+    assert "leaf: txn -> pool 'big', router 'round-robin'" in out

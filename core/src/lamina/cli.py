@@ -103,6 +103,32 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return serve_worker(stack, args.host, args.port)
 
 
+def _cmd_route_explain(args: argparse.Namespace) -> int:
+    from lamina_hookspecs.types import ChatMessage, Request
+
+    plugins = load_plugins()
+    try:
+        config = StackConfig.from_toml(args.stack, plugins.registry)
+    except ConfigError as exc:
+        print(f"error: {args.stack}: {exc}", file=sys.stderr)
+        return 1
+    if config.route_tree is None:
+        print(f"{args.stack} has no [route_tree]: every request goes to the stack's router "
+              f"({config.describe()['router']})")
+        return 0
+    prompt = {"messages": (ChatMessage(role="user", content=args.prompt),)} if args.chat else {"prompt": args.prompt}
+    request = Request(id="explain", model=args.model, tenant=args.tenant, **prompt)
+    features, leaf, path = config.route_tree.decide(request)
+    print("features:")
+    for key, value in attrs.asdict(features).items():
+        print(f"  {key} = {value!r}")
+    print("path:")
+    for step in path:
+        print(f"  {step}")
+    print(f"leaf: {leaf.name} -> pool {leaf.pool!r}, router {leaf.router.name!r}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lamina", description="Lamina: a plugin microkernel for LLM serving.")
     parser.add_argument("--log-level", default="WARNING", help="log level (default WARNING)")
@@ -127,6 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--replicas", type=int, help="run the executor in N supervised worker processes "
                                                     "(overrides replicas.count)")
     serve.set_defaults(func=_cmd_serve)
+
+    route = sub.add_parser("route", help="inspect a stack's routing").add_subparsers(dest="route", required=True)
+    explain = route.add_parser("explain", help="print the path a prompt takes through the routing tree")
+    explain.add_argument("stack", help="stack file with a [route_tree]")
+    explain.add_argument("--prompt", required=True, help="the prompt text")
+    explain.add_argument("--chat", action="store_true", help="send it as a chat user message")
+    explain.add_argument("--tenant", default="default", help="the tenant admission would assign")
+    explain.add_argument("--model", default="auto", help="the model the client asks for")
+    explain.set_defaults(func=_cmd_route_explain)
 
     worker = sub.add_parser("worker", help="serve one executor over gRPC for a gateway (see [replicas])")
     worker.add_argument("stack", help="stack file (TOML or JSON); only its executor sections are used")

@@ -32,6 +32,8 @@ from lamina.replicas import ReplicaSet
 from lamina.stack_config import ComponentSpec, Split, StackConfig
 
 CORE_PLUGIN_NAME = "lamina.core"
+ROUTE_TREE_KEY = "lamina.route_tree"
+"""Where the routing tree's decision lives in ``RequestContext.attributes``."""
 
 log = structlog.get_logger(__name__)
 
@@ -112,6 +114,9 @@ class Stack:
                 prefix_cache=next(iter(self.prefix_cache.instances.values()), None),
             )
         self.routers = _build_arms("router", config.layers["router"], name)
+        self.route_tree = None if config.route_tree is None else config.route_tree.map_routers(
+            lambda leaf: _instantiate(leaf.router, BuildContext(stack_name=name)))
+        self.route_leaves = {leaf.name: leaf for leaf in self.route_tree.leaves()} if self.route_tree else {}
         self.codecs = _build_arms("codec", config.layers["codec"], name)
         self.autoscaler = _build_arms("autoscaler", config.layers["autoscaler"], name).instances[""]
         self.backends: dict[str, Executor] = (self._remote_backends(config) if config.remote else {
@@ -182,6 +187,17 @@ class Stack:
                 self._codecs_by_type[codec.media_type] = codec
         return self._codecs_by_type.get(media_type)
 
+    def apply_route_tree(self, ctx: RequestContext, request: Request) -> Request:
+        """Walk the routing tree (when the stack has one): record the leaf, path and features on
+        ``ctx.attributes["lamina.route_tree"]`` and the request's log lines; return the request
+        bound to the leaf's pool."""
+        if self.route_tree is None:
+            return request
+        values, leaf, path = self.route_tree.decide(request)
+        ctx.attributes[ROUTE_TREE_KEY] = {"leaf": leaf.name, "path": path, "features": attrs.asdict(values)}
+        structlog.contextvars.bind_contextvars(route_leaf=leaf.name, route_features=attrs.asdict(values))
+        return attrs.evolve(request, model=leaf.pool)
+
     def backend_states(self, request: Request, ctx: RequestContext) -> list[BackendState]:
         """Live state of the backends that may serve this request (its executor arm's, under a split),
         each marked ``circuit_open`` when a breaker holds it closed to new work."""
@@ -241,5 +257,8 @@ class _CoreHooks:
             waits = [self.stack.admission.retry_after(b.name, now) or 0.0 for b in backends]
             raise NoBackendError(f"every backend for model {request.model!r} has its circuit open",
                                  code="circuit_open", retry_after=min(waits))
+        decided = ctx.attributes.get(ROUTE_TREE_KEY)
+        if decided is not None:
+            return self.stack.route_leaves[decided["leaf"]].router.choose(request, backends)
         _, router = self.stack.routers.pick(ctx)
         return router.choose(request, backends)

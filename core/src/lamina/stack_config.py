@@ -22,6 +22,7 @@ from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.layers import Layer
 from lamina.options import build_options, check_keys
 from lamina.registry import Component, ComponentRegistry
+from lamina.route_tree import RouteTree, parse_tree
 from lamina.slo import SloConfig
 
 DEFAULTS: dict[str, str] = {
@@ -35,7 +36,7 @@ DEFAULTS: dict[str, str] = {
 SPLITTABLE: tuple[Layer, ...] = (layers.ROUTER, layers.CODEC, layers.EXECUTOR, layers.PREFIX_CACHE, layers.BATCHING)
 SINGLE: tuple[Layer, ...] = (layers.AUTOSCALER,)
 STICKY_KEYS = ("tenant", "user", "request")
-SECTIONS = ("stack", "server", "replicas", "backends", "admission", "observers", "slo", "ab",
+SECTIONS = ("stack", "server", "replicas", "backends", "route_tree", "admission", "observers", "slo", "ab",
             *(layer.key for layer in SPLITTABLE + SINGLE))
 WORKER_SECTIONS = ("stack", "executor", "prefix_cache", "batching")
 """What a worker process (``lamina worker``) takes from its gateway's stack: the executor and
@@ -150,6 +151,7 @@ class StackConfig:
     slo: SloConfig = SloConfig()
     replicas: ReplicasConfig = ReplicasConfig()
     backends: tuple[RemoteBackend, ...] = ()
+    route_tree: RouteTree | None = None
     raw: Mapping[str, Any] = attrs.field(factory=dict, repr=False, eq=False)
     source: Path | None = None
 
@@ -219,6 +221,10 @@ class StackConfig:
             slo=build_options(SloConfig, _table(data.get("slo", {}), "slo"), "slo"),
             replicas=replicas,
             backends=backends,
+            route_tree=None if "route_tree" not in data else parse_tree(
+                _table(data["route_tree"], "route_tree"), "route_tree",
+                lambda value, path: _spec((layers.ROUTER,), {"use": value} if isinstance(value, str)
+                                          else _table(value, path), path, registry)),
             raw=data,
             source=source,
         )
@@ -246,6 +252,8 @@ class StackConfig:
             "slo": attrs.asdict(self.slo),
             "replicas": attrs.asdict(self.replicas),
             "backends": [attrs.asdict(b) for b in self.backends],
+            "route_tree": None if self.route_tree is None else {
+                leaf.name: {"pool": leaf.pool, **spec(leaf.router)} for leaf in self.route_tree.leaves()},
             "source": str(self.source) if self.source else None,
         }
 

@@ -34,7 +34,7 @@ from lamina_hookspecs.errors import LaminaError
 from lamina_hookspecs.types import BackendState, FinishReason, RequestContext
 from lamina.ab import arm_label
 from lamina.slo import SloTracker
-from lamina.stack import Stack
+from lamina.stack import ROUTE_TREE_KEY, Stack
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                    40.0, 80.0)
@@ -154,6 +154,8 @@ class Metrics:
         self.generation_tokens = prometheus_client.Counter(
             "lamina_generation_tokens", "Tokens generated, by tenant and A/B arm.", ["tenant", "arm"], registry=r)
         r.register(_BackendGauges(stack))
+        self.route_tree = prometheus_client.Counter(
+            "lamina_route_tree_requests", "Requests by the routing-tree leaf they reached.", ["leaf"], registry=r)
         r.register(_PrefixCacheStats(stack))
         self.slo = SloTracker(stack.config.slo, time.monotonic)
         r.register(self.slo)
@@ -170,6 +172,12 @@ class Metrics:
         """One gap between streamed chunks (the transport measures it)."""
         self.itl.labels(arm_label(ctx.arms)).observe(gap_s)
         self.slo.gap(gap_s)
+
+    @hookimpl
+    def lamina_request_admitted(self, ctx: RequestContext) -> None:
+        decided = ctx.attributes.get(ROUTE_TREE_KEY)
+        if isinstance(decided, dict):
+            self.route_tree.labels(decided["leaf"]).inc()
 
     @hookimpl
     def lamina_request_first_token(self, ctx: RequestContext) -> None:
