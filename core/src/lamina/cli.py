@@ -1,7 +1,7 @@
 """The ``lamina`` command: one entry point, one subcommand per job.
 
-``plugins``, ``check`` and ``serve`` are here; ``bench`` lives in :mod:`lamina.bench.cli`
-and registers its own subparser.
+``plugins``, ``check``, ``serve`` and ``status`` (its logic in :mod:`lamina.status`) are here;
+``bench`` lives in :mod:`lamina.bench.cli` and registers its own subparser.
 """
 
 from __future__ import annotations
@@ -129,6 +129,19 @@ def _cmd_route_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    from lamina.status import run
+
+    return run(args.url, interval=args.interval, once=args.once)
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0; got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lamina", description="Lamina: a plugin microkernel for LLM serving.")
     parser.add_argument("--log-level", default="WARNING", help="log level (default WARNING)")
@@ -168,6 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     worker.add_argument("--port", type=int, required=True, help="gRPC port")
     worker.set_defaults(func=_cmd_worker)
+
+    status = sub.add_parser("status", help="one refreshing screen on a running server: replicas, load, SLOs, A/B arms")
+    status.add_argument("url", help="the server's base URL, e.g. http://127.0.0.1:8000")
+    status.add_argument("--interval", type=_positive, default=2.0, metavar="SECONDS",
+                        help="seconds between refreshes (default 2)")
+    status.add_argument("--once", action="store_true", help="print one screen as plain text and exit")
+    status.set_defaults(func=_cmd_status)
 
     from lamina.bench.cli import add_parser as add_bench_parser
 
