@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from lamina_hookspecs.errors import NoBackendError
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, Request
+from lamina_routing.candidates import available
 
 
 class RoundRobin:
@@ -17,10 +17,8 @@ class RoundRobin:
         self._counter = itertools.count()
 
     def choose(self, request: Request, backends: Sequence[BackendState]) -> BackendState:
-        available = [b for b in backends if b.available]
-        if not available:
-            raise NoBackendError("no healthy backend", code="no_backend")
-        return available[next(self._counter) % len(available)]
+        candidates = available(backends)
+        return candidates[next(self._counter) % len(candidates)]
 
 
 def build_round_robin(options: None, context: BuildContext) -> RoundRobin:
