@@ -47,7 +47,7 @@ def test_check_rejects_a_typo_naming_the_key_and_choices(tmp_path: Path, capsys:
     stack.write_text('[router]\nuse = "round-robn"\n[executor]\nuse = "echo"\n')
     assert main(["check", str(stack)]) == 1
     err = capsys.readouterr().err
-    assert "router.use: no router named 'round-robn'; did you mean 'round-robin'? installed: round-robin" in err
+    assert "router.use: no router named 'round-robn'; did you mean 'round-robin'? installed: least-outstanding-tokens, p2c" in err
 
 
 def test_route_explain_prints_the_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

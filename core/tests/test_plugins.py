@@ -40,7 +40,8 @@ class Exploding:
 
 def test_installed_plugins_are_found_through_entry_points() -> None:
     plugins = load_plugins()
-    assert plugins.infos["routing"].registered == {"router": ["round-robin"]}
+    assert plugins.infos["routing"].registered == {
+        "router": ["round-robin", "least-outstanding-tokens", "p2c", "prefix-affinity", "scored"]}
     assert plugins.infos["routing"].distribution == "lamina-routing"
     assert plugins.infos["hello"].version == "0.1.0"
     assert plugins.registry.get((ROUTER,), "round-robin", "router.use").plugin == "routing"

@@ -40,8 +40,8 @@ def load(registry: Any, **sections: Any) -> StackConfig:
 
 @pytest.mark.parametrize(("sections", "message"), [
     ({"router": {"use": "round-robbin"}},
-     "router.use: no router named 'round-robbin'; did you mean 'round-robin'? installed: knobs, round-robin, "
-     "shortest-queue"),
+     "router.use: no router named 'round-robbin'; did you mean 'round-robin'? installed: knobs, "
+     "least-outstanding-tokens, p2c, prefix-affinity, round-robin, scored, shortest-queue"),
     ({"router": {"use": "knobs", "depht": 3}}, "router.depht: unknown option; did you mean 'depth'?"),
     ({"router": {"use": "knobs", "depth": "3"}}, "router.depth: must be an integer; got '3'"),
     ({"router": {"use": "knobs", "depth": 0}}, "router.depth: must be >= 1: 0"),
