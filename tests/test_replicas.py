@@ -47,6 +47,7 @@ def test_a_killed_worker_fails_its_stream_fast_and_is_restarted(live: Any) -> No
         lines = response.iter_lines()
         assert next(lines).startswith("data: {")
         (busy,) = [name for name, backend in server.stack.backends.items() if backend.state().outstanding_requests]
+        assert server.stack.backends[busy].state().outstanding_tokens > 60, "the gateway counts what it sent"
         worker = next(w for w in replicas.workers if w.name == busy)
         os.kill(worker.process.pid, signal.SIGKILL)
         killed_at = time.monotonic()

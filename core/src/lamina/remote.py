@@ -5,8 +5,10 @@ The gateway's pipeline drives it like a local executor: ``generate`` streams
 parser expects them; the tenant admission chose in ``x-lamina-tenant`` metadata, for the
 worker's prefix-cache isolation), and closing the stream cancels the call, which frees the
 request's KV slots in the worker. ``state`` is cheap: a background task polls ``GetState``
-every 100 ms; the gateway's own count of requests in flight there is added at once, so a
-burst of arrivals is routed on current numbers, not the last poll. A backend that does not
+every 100 ms, and the gateway's own account of what it has in flight there (requests, and
+tokens: estimated prompt plus the output still to come) overrides it when larger, so a burst
+of arrivals is routed on current numbers, not on the last poll (which would send the whole
+burst to the one backend that looked idle). A backend that does not
 answer the poll is reported unhealthy (routers then skip it) until it answers again.
 
 gRPC statuses come back as the error classes they stand for; a lost connection or an
@@ -30,6 +32,7 @@ from lamina_hookspecs.errors import (
     RequestTimeoutError,
 )
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
+from lamina.admission import BYTES_PER_TOKEN
 from lamina.server.convert import TENANT_METADATA, from_proto, to_proto_request
 from lamina.server.proto.lamina.v1 import inference_pb2 as pb
 from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
@@ -49,6 +52,17 @@ _ERRORS: dict[grpc.StatusCode, type[LaminaError]] = {
 }
 
 
+def _estimate(request: Request, context_length: int) -> int:
+    """Tokens a request will cost its backend: the prompt (exact for token ids, else ~4 UTF-8
+    bytes per token, as token limits estimate) plus its output limit."""
+    if request.prompt_token_ids is not None:
+        prompt = len(request.prompt_token_ids)
+    else:
+        text = request.prompt if request.messages is None else "".join(m.content for m in request.messages)
+        prompt = -(-len((text or "").encode()) // BYTES_PER_TOKEN)
+    return prompt + (request.sampling.max_tokens or max(context_length - prompt, 0))
+
+
 class RemoteExecutor:
     """One remote backend, reached at ``address`` (``host:port``)."""
 
@@ -57,6 +71,7 @@ class RemoteExecutor:
         self.model = ModelInfo(id="", context_length=1)  # what the backend serves: known once started
         self._state = BackendState(name=name, model="", healthy=False)
         self._in_flight = 0
+        self._tokens: dict[object, int] = {}  # per stream in flight: estimated tokens still to process
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.InferenceStub | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -94,22 +109,28 @@ class RemoteExecutor:
 
     def state(self) -> BackendState:
         remote = self._state
-        if self._in_flight > remote.outstanding_requests:
-            return attrs.evolve(remote, outstanding_requests=self._in_flight)
+        tokens = sum(self._tokens.values())
+        if self._in_flight > remote.outstanding_requests or tokens > remote.outstanding_tokens:
+            return attrs.evolve(remote, outstanding_requests=max(self._in_flight, remote.outstanding_requests),
+                                outstanding_tokens=max(tokens, remote.outstanding_tokens))
         return remote
 
     async def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
         if self._stub is None:
             raise BackendLostError(f"backend {self.name} is not started")
         call = self._stub.Generate(to_proto_request(request), metadata=((TENANT_METADATA, request.tenant),))
+        stream = object()
         self._in_flight += 1
+        self._tokens[stream] = _estimate(request, self.model.context_length)
         try:
             async for chunk in call:
+                self._tokens[stream] = max(self._tokens[stream] - len(chunk.token_ids), 0)
                 yield from_proto(chunk)
         except grpc.aio.AioRpcError as exc:
             raise self._error(exc) from None
         finally:
             self._in_flight -= 1
+            del self._tokens[stream]
             call.cancel()  # no-op once the call ended; otherwise the worker aborts the request
 
     def _error(self, exc: grpc.aio.AioRpcError) -> LaminaError:

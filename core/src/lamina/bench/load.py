@@ -86,6 +86,8 @@ class Record:
     chunks: int = 0
     prompt_tokens: int | None = None
     """From the server's ``usage`` if sent, else the workload's estimate."""
+    cached_tokens: int | None = None
+    """Prompt tokens the server served from its prefix cache (``usage.prompt_tokens_details``), if sent."""
     max_tokens: int = 0
     usage: bool = False
 
@@ -188,6 +190,9 @@ async def send(client: httpx.AsyncClient, endpoint: Endpoint, request: BenchRequ
                     record.output_tokens = int(usage.get("completion_tokens") or 0)
                     if usage.get("prompt_tokens") is not None:
                         record.prompt_tokens = int(usage["prompt_tokens"])
+                    details = usage.get("prompt_tokens_details") or {}
+                    if details.get("cached_tokens") is not None:
+                        record.cached_tokens = int(details["cached_tokens"])
     except httpx.TimeoutException as exc:
         record.error, record.message = "timeout", repr(exc)
         return record
