@@ -13,6 +13,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from lamina_hookspecs.types import (
     BackendState,
     ModelInfo,
+    PoolSnapshot,
     PrefixMatch,
     Principal,
     RateDecision,
@@ -146,10 +147,15 @@ class PrefixCache(Protocol):
 
 @runtime_checkable
 class Autoscaler(Protocol):
-    """Layer 5: decides how many replicas run and how many to warm."""
+    """Layer 5: decides how many replicas run, how many to warm and which to drain.
 
-    def decide(self, backends: Sequence[BackendState], now: float) -> ScaleDecision:
-        """Called periodically by the replica supervisor with the live backend states."""
+    The same object drives a live pool (core's replica provider calls it every
+    ``[autoscaler] interval_s``) and a replayed one (``lamina autoscale replay``), so it must
+    take time only from ``snapshot.now``, never from a clock of its own.
+    """
+
+    def decide(self, snapshot: PoolSnapshot) -> ScaleDecision:
+        """The replica count the pool should move to, given its state now."""
         ...
 
 

@@ -210,12 +210,58 @@ class BackendState:
 
 
 @attrs.frozen(kw_only=True)
+class PoolSnapshot:
+    """What an autoscaler sees at each interval: the replica pool and its recent traffic.
+
+    ``backends`` are the serving replicas (draining ones excluded); ``starting`` counts
+    replicas started but not ready yet. Rates and percentiles cover the last interval
+    (``None`` when no request finished in it). ``cold_starts_s`` are the most recent
+    measured start-to-ready times of replicas, oldest first.
+    """
+
+    now: float
+    backends: tuple[BackendState, ...] = ()
+    starting: int = 0
+    arrival_rate: float = 0.0
+    ttft_p95_s: float | None = None
+    itl_p95_s: float | None = None
+    error_rate: float = 0.0
+    cold_starts_s: tuple[float, ...] = ()
+
+    @property
+    def replicas(self) -> int:
+        """Replicas serving or about to: ready ones plus those starting."""
+        return len(self.backends) + self.starting
+
+    @property
+    def queue_depth(self) -> int:
+        return sum(b.queue_depth for b in self.backends)
+
+    @property
+    def running(self) -> int:
+        return sum(max(b.outstanding_requests - b.queue_depth, 0) for b in self.backends)
+
+    @property
+    def kv_usage(self) -> float:
+        """Mean KV usage over the serving replicas (0 with none)."""
+        return sum(b.kv_usage for b in self.backends) / len(self.backends) if self.backends else 0.0
+
+
+@attrs.frozen(kw_only=True)
 class ScaleDecision:
-    """An autoscaler's answer: how many replicas to run, how many to pre-warm, and why."""
+    """An autoscaler's answer: how many replicas should serve, how many more to start ahead
+    of need (``warm``: they serve once ready), which replicas to drain first when scaling
+    down (the provider picks the least loaded otherwise), and why."""
 
     replicas: int = attrs.field(validator=attrs.validators.ge(0))
     warm: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    drain: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     reason: str = ""
+
+    @property
+    def target(self) -> int:
+        """Replicas the provider should have started: ``replicas + warm``."""
+        return self.replicas + self.warm
 
 
 @attrs.frozen(kw_only=True)

@@ -1,5 +1,5 @@
 from lamina.testing.contracts import AutoscalerContract
-from lamina_hookspecs.types import BackendState
+from lamina_hookspecs.types import BackendState, PoolSnapshot
 
 from lamina_autoscale.static import Static, StaticOptions
 
@@ -11,5 +11,5 @@ class TestStaticContract(AutoscalerContract):
 
 def test_answers_the_configured_count_under_any_load() -> None:
     scaler = Static(StaticOptions(replicas=3))
-    busy = [BackendState(name="a", model="m", queue_depth=500)]
-    assert scaler.decide(busy, 0.0).replicas == scaler.decide([], 1.0).replicas == 3
+    busy = PoolSnapshot(now=0.0, backends=(BackendState(name="a", model="m", queue_depth=500),), arrival_rate=99)
+    assert scaler.decide(busy).replicas == scaler.decide(PoolSnapshot(now=1.0)).replicas == 3

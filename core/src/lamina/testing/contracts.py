@@ -23,7 +23,8 @@ from lamina_hookspecs.layers import Layer
 from lamina_hookspecs.registration import BuildContext
 from lamina.testing.streams import decode_stream, encode_stream
 from lamina_hookspecs.types import (
-    BackendState, PrefixMatch, Request, SamplingParams, ScaleDecision, StreamError, StreamMeta, TokenChunk,
+    BackendState, PoolSnapshot, PrefixMatch, Request, SamplingParams, ScaleDecision, StreamError, StreamMeta,
+    TokenChunk,
     TopLogprob, Usage,
 )
 
@@ -311,18 +312,24 @@ class BreakerContract(ComponentContract):
 
 
 class AutoscalerContract(ComponentContract):
-    """An autoscaler answers a ``ScaleDecision`` for idle, busy and empty fleets."""
+    """An autoscaler answers a ``ScaleDecision`` for idle, busy and empty pools, keeps at least
+    one replica while there is traffic, and names only existing replicas to drain."""
 
     layer = layers.AUTOSCALER
 
     @pytest.mark.parametrize("busy", [0, 1, 50])
     def test_decides(self, component: Any, busy: int) -> None:
-        backends = [BackendState(name=f"b{i}", model="m", queue_depth=busy, outstanding_requests=busy)
-                    for i in range(2)]
-        for now in (0.0, 10.0, 20.0):
-            decision = component.decide(backends, now)
+        backends = tuple(BackendState(name=f"b{i}", model="m", queue_depth=busy, outstanding_requests=2 * busy)
+                         for i in range(2))
+        for now in (0.0, 10.0, 20.0, 30.0):
+            snapshot = PoolSnapshot(now=now, backends=backends, arrival_rate=float(busy),
+                                    ttft_p95_s=0.1 * busy if busy else None, cold_starts_s=(5.0, 6.0))
+            decision = component.decide(snapshot)
             assert isinstance(decision, ScaleDecision) and decision.replicas >= 0
-        assert isinstance(component.decide([], 30.0), ScaleDecision)
+            assert set(decision.drain) <= {b.name for b in backends}
+            if busy:
+                assert decision.target >= 1, "traffic needs a replica"
+        assert isinstance(component.decide(PoolSnapshot(now=40.0)), ScaleDecision)
 
 
 class PrefixCacheContract(ComponentContract):

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import attrs
 
 from lamina_hookspecs.registration import BuildContext
-from lamina_hookspecs.types import BackendState, ScaleDecision
+from lamina_hookspecs.types import PoolSnapshot, ScaleDecision
 
 
 @attrs.frozen(kw_only=True)
@@ -24,7 +22,7 @@ class Static:
 
     options: StaticOptions
 
-    def decide(self, backends: Sequence[BackendState], now: float) -> ScaleDecision:
+    def decide(self, snapshot: PoolSnapshot) -> ScaleDecision:
         return ScaleDecision(replicas=self.options.replicas, reason="static")
 
 
