@@ -30,7 +30,8 @@ class Live:
     def __enter__(self) -> Live:
         self.thread.start()
         deadline = time.monotonic() + 60
-        while not (self.server.started and all(e.state().healthy for e in self.stack.backends.values())):
+        while not (self.server.started and self.stack.started
+                   and all(e.state().healthy for e in self.stack.backends.values())):
             assert time.monotonic() < deadline, "server did not start"
             time.sleep(0.02)
         port = self.server.servers[0].sockets[0].getsockname()[1]

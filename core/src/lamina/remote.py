@@ -71,6 +71,7 @@ class RemoteExecutor:
         self.model = ModelInfo(id="", context_length=1)  # what the backend serves: known once started
         self._state = BackendState(name=name, model="", healthy=False)
         self._in_flight = 0
+        self.draining = False  # set by the gateway: take no new requests (routers skip a draining backend)
         self._tokens: dict[object, int] = {}  # per stream in flight: estimated tokens still to process
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.InferenceStub | None = None
@@ -110,10 +111,16 @@ class RemoteExecutor:
     def state(self) -> BackendState:
         remote = self._state
         tokens = sum(self._tokens.values())
-        if self._in_flight > remote.outstanding_requests or tokens > remote.outstanding_tokens:
+        if self._in_flight > remote.outstanding_requests or tokens > remote.outstanding_tokens or self.draining:
             return attrs.evolve(remote, outstanding_requests=max(self._in_flight, remote.outstanding_requests),
-                                outstanding_tokens=max(tokens, remote.outstanding_tokens))
+                                outstanding_tokens=max(tokens, remote.outstanding_tokens),
+                                draining=remote.draining or self.draining)
         return remote
+
+    @property
+    def in_flight(self) -> int:
+        """Requests this gateway has running on the backend now."""
+        return self._in_flight
 
     async def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
         if self._stub is None:

@@ -27,6 +27,7 @@ from lamina.lifecycle import notify
 from lamina.options import build_options
 from lamina.plugins import PluginSet
 from lamina.registry import Component
+from lamina.autoscaling import PoolController
 from lamina.remote import RemoteExecutor
 from lamina.replicas import ReplicaSet
 from lamina.stack_config import ComponentSpec, Split, StackConfig
@@ -105,6 +106,7 @@ class Stack:
         if len(self.batching.instances) > 1 or len(self.prefix_cache.instances) > 1:
             raise ConfigError("ab", "splitting batching or prefix_cache needs one executor per arm (not yet supported)")
         self.replicas: ReplicaSet | None = None
+        self.pool: PoolController | None = None
         if config.remote:  # the executor runs in workers or remote servers: see _remote_backends
             self.executors = Arms("executor", {})
         else:
@@ -123,21 +125,21 @@ class Stack:
             (arm or "local"): executor for arm, executor in self.executors.instances.items()
         })
         self.admission = self._build_admission(config.admission, name)
+        if self.replicas is not None:
+            self.pool = PoolController(self.replicas, self.autoscaler, config.replicas)
         self.observers = [(f"observer[{i}]:{spec.name}", _instantiate(spec, BuildContext(stack_name=name)))
                           for i, spec in enumerate(config.observers)]
         self._core_hooks = _CoreHooks(self)
+        self.started = False
         self._codecs_by_type: dict[str, Codec] | None = None
 
     def _remote_backends(self, config: StackConfig) -> dict[str, Executor]:
-        """One :class:`RemoteExecutor` per local worker (``[replicas]``) and per ``[[backends]]`` entry."""
-        backends: dict[str, Executor] = {}
+        """One :class:`RemoteExecutor` per ``[[backends]]`` entry; local workers (``[replicas]``)
+        join the returned dict as they become ready."""
+        backends: dict[str, Executor] = {b.name: RemoteExecutor(b.name, b.address) for b in config.backends}
         if config.replicas.count:
-            self.replicas = ReplicaSet(config.replicas, config.raw)
-            for worker in self.replicas.workers:
-                backends[worker.name] = RemoteExecutor(worker.name, worker.address,
-                                                       connect_timeout_s=config.replicas.start_timeout_s)
-        for backend in config.backends:
-            backends[backend.name] = RemoteExecutor(backend.name, backend.address)
+            self.replicas = ReplicaSet(config.replicas, config.raw, backends,
+                                       drain_timeout_s=config.server.drain_timeout_s)
         return backends
 
     def _build_admission(self, specs: Sequence[ComponentSpec | Split], name: str) -> Admission:
@@ -216,18 +218,25 @@ class Stack:
         self.pm.register(self._core_hooks, name=CORE_PLUGIN_NAME)
         for plugin_name, observer in self.observers:
             self.pm.register(observer, name=plugin_name)
-        if self.replicas is not None:
-            self.replicas.start()
-        await asyncio.gather(*(executor.start() for executor in self.backends.values()))
+        await asyncio.gather(*(executor.start() for executor in self.backends.values()),
+                             *([self.replicas.start()] if self.replicas is not None else []))
+        if self.pool is not None:
+            self.pm.register(self.pool.traffic, name="lamina.pool-traffic")
+            self.pool.start()
+        self.started = True
         await notify(self.pm, "lamina_stack_started", stack=self.info)
 
     async def stop(self) -> None:
         """Tell observers, then stop every executor."""
+        self.started = False
         await notify(self.pm, "lamina_stack_stopping", stack=self.info)
-        for executor in self.backends.values():
-            await executor.stop()
+        if self.pool is not None:
+            await self.pool.stop()
+            self.pm.unregister(self.pool.traffic)
         if self.replicas is not None:
             await self.replicas.stop()
+        for executor in self.backends.values():
+            await executor.stop()
         self.pm.unregister(self._core_hooks)
         for plugin_name, observer in self.observers:
             self.pm.unregister(observer)

@@ -112,6 +112,15 @@ class ReplicasConfig:
         "help": "wait before restarting a crashed worker, doubled per crash in a row (at most 30 s)"})
     start_timeout_s: float = attrs.field(default=600.0, validator=attrs.validators.gt(0.0), metadata={
         "help": "how long a worker may take to load its model"})
+    autoscale_interval_s: float = attrs.field(default=5.0, validator=attrs.validators.gt(0.0), metadata={
+        "help": "how often the [autoscaler] decides the replica count"})
+    heal_error_rate: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional([attrs.validators.gt(0.0), attrs.validators.lt(1.0)]),
+        metadata={"help": "restart (rolling, never the last) a replica whose 5xx share exceeds this; off if unset"})
+    heal_window_s: float = attrs.field(default=120.0, validator=attrs.validators.gt(0.0), metadata={
+        "help": "the window the 5xx share is measured over"})
+    heal_min_requests: int = attrs.field(default=20, validator=attrs.validators.ge(1), metadata={
+        "help": "requests a replica must have served in the window before it can be judged"})
 
 
 @attrs.frozen(kw_only=True)

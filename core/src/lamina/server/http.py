@@ -93,7 +93,7 @@ class Server:
 
     async def ready(self, request: HttpRequest) -> Response:
         states = {name: executor.state() for name, executor in self.stack.backends.items()}
-        ready = not self.draining and all(state.healthy for state in states.values())
+        ready = self.stack.started and not self.draining and all(state.healthy for state in states.values())
         return JSONResponse({"ready": ready, "draining": self.draining,
                              "backends": {name: state.healthy for name, state in states.items()}},
                             status_code=200 if ready else 503)

@@ -129,6 +129,36 @@ class _PrefixCacheStats(Collector):
             yield gauge
 
 
+class _PoolStats(Collector):
+    """The worker pool (``[replicas]``) at scrape time: replicas by state, the autoscaler's
+    target, the latest cold start, and every action the provider took, by reason."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+
+    def collect(self) -> Iterator[Metric]:
+        replicas, pool = self.stack.replicas, self.stack.pool
+        if replicas is None or pool is None:
+            return
+        states = GaugeMetricFamily("lamina_replicas", "Worker replicas by state.", labels=["state"])
+        draining = sum(w.draining for w in replicas.workers)
+        for state, count in (("serving", len(replicas.serving)), ("starting", len(replicas.starting)),
+                             ("draining", draining)):
+            states.add_metric([state], count)
+        yield states
+        if pool.last is not None:
+            yield GaugeMetricFamily("lamina_autoscaler_target_replicas", "Replicas the autoscaler last asked for "
+                                    "(serving plus warm).", value=pool.last.target)
+        if replicas.cold_starts_s:
+            yield GaugeMetricFamily("lamina_replica_cold_start_seconds", "The latest replica's spawn-to-ready time.",
+                                    value=replicas.cold_starts_s[-1])
+        actions = CounterMetricFamily("lamina_replica_actions", "Replica actions (spawn, drain, restart) by reason.",
+                                      labels=["action", "reason"])
+        for (action, reason), count in sorted(replicas.actions.items()):
+            actions.add_metric([action, reason], count)
+        yield actions
+
+
 class Metrics:
     """The server's metrics; registered on the stack's plugin manager as an observer."""
 
@@ -157,6 +187,7 @@ class Metrics:
         self.route_tree = prometheus_client.Counter(
             "lamina_route_tree_requests", "Requests by the routing-tree leaf they reached.", ["leaf"], registry=r)
         r.register(_PrefixCacheStats(stack))
+        r.register(_PoolStats(stack))
         self.slo = SloTracker(stack.config.slo, time.monotonic)
         r.register(self.slo)
 

@@ -12,18 +12,20 @@ from lamina_hookspecs.types import PoolSnapshot, ScaleDecision
 class StaticOptions:
     """Stack-file options of ``static``."""
 
-    replicas: int = attrs.field(default=1, validator=attrs.validators.ge(1),
-                                metadata={"help": "replicas to run at all times"})
+    replicas: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.ge(1)),
+        metadata={"help": "replicas to run at all times; unset: keep the count the pool started with"})
 
 
 @attrs.frozen
 class Static:
-    """Always answers the configured replica count."""
+    """Always answers the configured replica count (or the pool's current one)."""
 
     options: StaticOptions
 
     def decide(self, snapshot: PoolSnapshot) -> ScaleDecision:
-        return ScaleDecision(replicas=self.options.replicas, reason="static")
+        replicas = self.options.replicas if self.options.replicas is not None else snapshot.replicas
+        return ScaleDecision(replicas=replicas, reason="static")
 
 
 def build_static(options: StaticOptions, context: BuildContext) -> Static:

@@ -1,0 +1,158 @@
+"""The live pool's control loop: every ``[replicas] autoscale_interval_s`` a :class:`PoolSnapshot`
+goes to the stack's autoscaler and its decision to the replica provider; replicas whose 5xx
+rate is too high are restarted one at a time (self-healing).
+
+:class:`TrafficWindow` is a lifecycle observer that counts what the snapshot needs: arrivals,
+TTFTs, time per output token (the inter-token latency of each finished request, averaged),
+and each request's outcome per backend. Every action (scale up, drain, restart) is logged
+with its reason and counted in ``lamina_replica_actions_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections import deque
+
+import structlog
+
+from lamina_hookspecs import hookimpl
+from lamina_hookspecs.errors import LaminaError
+from lamina_hookspecs.protocols import Autoscaler
+from lamina_hookspecs.types import FinishReason, PoolSnapshot, RequestContext, ScaleDecision
+from lamina.replicas import ReplicaSet
+from lamina.stack_config import ReplicasConfig
+
+log = structlog.get_logger(__name__)
+
+
+def p95(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+class TrafficWindow:
+    """What happened since the last snapshot, plus per-backend outcomes over the healing window."""
+
+    def __init__(self, heal_window_s: float) -> None:
+        self.heal_window_s = heal_window_s
+        self.arrivals, self.requests, self.errors = 0, 0, 0
+        self.ttfts: list[float] = []
+        self.tpots: list[float] = []
+        self.outcomes: deque[tuple[float, str, bool]] = deque()  # (time, backend, server error)
+        self.since = time.monotonic()
+
+    @hookimpl
+    def lamina_request_received(self, ctx: RequestContext) -> None:
+        self.arrivals += 1
+
+    @hookimpl
+    def lamina_request_first_token(self, ctx: RequestContext) -> None:
+        if ctx.ttft_s is not None:
+            self.ttfts.append(ctx.ttft_s)
+
+    @hookimpl
+    def lamina_request_finished(self, ctx: RequestContext, finish_reason: FinishReason) -> None:
+        self._outcome(ctx, server_error=False)
+        usage = ctx.usage
+        if usage and usage.completion_tokens > 1 and ctx.first_token_at and ctx.finished_at:
+            self.tpots.append((ctx.finished_at - ctx.first_token_at) / (usage.completion_tokens - 1))
+
+    @hookimpl
+    def lamina_request_failed(self, ctx: RequestContext, error: LaminaError) -> None:
+        self._outcome(ctx, server_error=error.http_status >= 500)
+
+    def _outcome(self, ctx: RequestContext, *, server_error: bool) -> None:
+        self.requests += 1
+        self.errors += server_error
+        if ctx.backend is not None:
+            self.outcomes.append((time.monotonic(), ctx.backend, server_error))
+
+    def snapshot(self, replicas: ReplicaSet, now: float) -> PoolSnapshot:
+        """The pool now and the traffic since the last call (which starts a new interval)."""
+        elapsed = max(now - self.since, 1e-9)
+        snapshot = PoolSnapshot(
+            now=now, backends=tuple(w.executor.state() for w in replicas.serving), starting=len(replicas.starting),
+            arrival_rate=self.arrivals / elapsed, ttft_p95_s=p95(self.ttfts), itl_p95_s=p95(self.tpots),
+            error_rate=self.errors / self.requests if self.requests else 0.0,
+            cold_starts_s=tuple(replicas.cold_starts_s))
+        self.arrivals = self.requests = self.errors = 0
+        self.ttfts, self.tpots, self.since = [], [], now
+        return snapshot
+
+    def error_rates(self, now: float) -> dict[str, tuple[int, float]]:
+        """Per backend over the healing window: (requests, share that failed with a 5xx)."""
+        while self.outcomes and self.outcomes[0][0] < now - self.heal_window_s:
+            self.outcomes.popleft()
+        counts: dict[str, list[int]] = {}
+        for _, backend, failed in self.outcomes:
+            entry = counts.setdefault(backend, [0, 0])
+            entry[0] += 1
+            entry[1] += failed
+        return {backend: (n, bad / n) for backend, (n, bad) in counts.items()}
+
+    def forget(self, backend: str) -> None:
+        """Drop a restarted backend's outcomes: its new process starts with a clean record."""
+        self.outcomes = deque(o for o in self.outcomes if o[1] != backend)
+
+
+class PoolController:
+    """Runs the autoscaler against the replica pool and heals failing replicas."""
+
+    def __init__(self, replicas: ReplicaSet, autoscaler: Autoscaler, config: ReplicasConfig) -> None:
+        self.replicas, self.autoscaler, self.config = replicas, autoscaler, config
+        self.traffic = TrafficWindow(config.heal_window_s)
+        self.last: ScaleDecision | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.autoscale_interval_s)
+            try:
+                self.tick(time.monotonic())
+            except Exception:
+                log.exception("autoscale_tick_failed")
+
+    def tick(self, now: float) -> ScaleDecision:
+        """One interval: decide, apply, heal."""
+        snapshot = self.traffic.snapshot(self.replicas, now)
+        decision = self.autoscaler.decide(snapshot)
+        if decision.target != snapshot.replicas:
+            log.info("autoscale", current=snapshot.replicas, target=decision.target, warm=decision.warm,
+                     reason=decision.reason, arrival_rate=round(snapshot.arrival_rate, 2),
+                     queue_depth=snapshot.queue_depth, ttft_p95_s=snapshot.ttft_p95_s)
+            self.replicas.scale_to(decision.target, decision.drain, reason=decision.reason or "autoscaler")
+        self.last = decision
+        self.heal(now)
+        return decision
+
+    def heal(self, now: float) -> None:
+        """Restart (drain first) the worst replica over the 5xx threshold, one at a time and never
+        the last serving one."""
+        threshold = self.config.heal_error_rate
+        serving = self.replicas.serving
+        if threshold is None or len(serving) < 2 or any(w.draining for w in self.replicas.workers):
+            return
+        rates = self.traffic.error_rates(now)
+        failing = [(rates[w.name][1], w) for w in serving
+                   if w.name in rates and rates[w.name][0] >= self.config.heal_min_requests
+                   and rates[w.name][1] > threshold]
+        if failing:
+            rate, worker = max(failing, key=lambda pair: pair[0])
+            reason = f"5xx rate {rate:.0%} over {self.config.heal_window_s:g}s > {threshold:.0%}"
+            log.warning("replica_unhealthy", replica=worker.name, reason=reason)
+            self.traffic.forget(worker.name)
+            self.replicas.restart(worker, reason="heal")
