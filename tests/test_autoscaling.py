@@ -56,7 +56,7 @@ def test_scale_up_then_drain_down_without_failing_a_request(live: Any, lamina_lo
         httpx.post(f"{server.url}/v1/completions", json=SLOW, timeout=30))) for _ in range(3)]
     for thread in streams:
         thread.start()
-    wait_for(lambda: sum(w.executor.in_flight for w in pool.workers) == 3)
+    wait_for(lambda: sum(w.in_flight for w in pool.workers) == 3)
     Scripted.target = 1  # two replicas drain while their requests (1 s each) are still running
     wait_for(lambda: len(pool.workers) == 1, timeout_s=30)
     for thread in streams:
@@ -91,12 +91,12 @@ def test_a_replica_over_the_5xx_threshold_is_restarted_but_never_the_last(live: 
                                 "heal_min_requests": 5}})
     pool, replicas = server.stack.pool, server.stack.replicas
     now = time.monotonic()
-    old_pid = replicas.workers[0].process.pid
+    old_pid = replicas.workers[0].handle.process.pid
     pool.traffic.outcomes.extend([(now, "replica-0", True)] * 4 + [(now, "replica-0", False)] * 6
                                  + [(now, "replica-1", False)] * 10)  # the controller's next tick heals
     wait_for(lambda: replicas.actions["restart", "heal"] == 1 and replicas.workers[0].ready
              and not replicas.workers[0].draining)
-    assert replicas.workers[0].process.pid != old_pid and len(replicas.serving) == 2
+    assert replicas.workers[0].handle.process.pid != old_pid and len(replicas.serving) == 2
     assert httpx.post(f"{server.url}/v1/completions", json={**SLOW, "max_tokens": 2}).status_code == 200
     # with one replica left serving, none is restarted however bad its record
     replicas.workers[1].draining = True

@@ -49,7 +49,7 @@ def test_a_killed_worker_fails_its_stream_fast_and_is_restarted(live: Any) -> No
         (busy,) = [name for name, backend in server.stack.backends.items() if backend.state().outstanding_requests]
         assert server.stack.backends[busy].state().outstanding_tokens > 60, "the gateway counts what it sent"
         worker = next(w for w in replicas.workers if w.name == busy)
-        os.kill(worker.process.pid, signal.SIGKILL)
+        os.kill(worker.handle.process.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         rest = list(lines)
     assert time.monotonic() - killed_at < 5, "the stream ends soon after its worker died"
@@ -64,8 +64,8 @@ def test_a_request_whose_backend_is_gone_before_any_token_is_retried_elsewhere(
         live: Any, lamina_logs: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
     server = live({"executor": {"use": "echo"}, "replicas": {"count": 2, "restart_backoff_s": 30}})
     dead = server.stack.replicas.workers[0]
-    dead.process.kill()
-    dead.process.wait()
+    dead.handle.process.kill()
+    dead.handle.process.wait()
     backend = server.stack.backends[dead.name]
     healthy_looking = backend.state()
     monkeypatch.setattr(backend, "state", lambda: healthy_looking)  # as if the poll had not noticed yet
@@ -124,3 +124,4 @@ def test_a_routing_tree_sends_requests_to_pools(live: Any, lamina_logs: list[dic
     metrics = httpx.get(f"{gateway.url}/metrics").text
     assert 'lamina_route_tree_requests_total{leaf="txn"} 1.0' in metrics
     assert 'lamina_route_tree_requests_total{leaf="chat"} 1.0' in metrics
+

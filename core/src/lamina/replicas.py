@@ -1,6 +1,7 @@
 """Local worker processes (``lamina worker``): started, watched, restarted, scaled and drained.
 
-Each worker runs the stack's executor behind the gRPC API on its own port and is reached
+Each worker runs the stack's executor behind the gRPC API (in a child process, or wherever
+the ``[replicas] provider`` places it) and is reached
 through a :class:`~lamina.remote.RemoteExecutor`, which joins the stack's backends once the
 worker is ready (the time from spawn to ready is kept as a measured cold start). A watch task
 checks the processes twice a second: a worker that exited is logged with its exit status,
@@ -26,13 +27,13 @@ import sys
 import tempfile
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from lamina_hookspecs.protocols import Executor
+from lamina_hookspecs.protocols import Executor, ReplicaHandle, ReplicaProvider
 from lamina.bench.servers import free_port
 from lamina.remote import RemoteExecutor
 from lamina.stack_config import WORKER_SECTIONS, ReplicasConfig
@@ -46,31 +47,17 @@ STABLE_S = 60.0
 COLD_STARTS_KEPT = 20
 
 
-class Worker:
-    """One worker process on a fixed address, and the backend that reaches it."""
+class LocalHandle:
+    """A ``lamina worker`` child process of this gateway."""
 
-    def __init__(self, name: str, host: str, port: int, executor: RemoteExecutor) -> None:
-        self.name, self.host, self.port, self.executor = name, host, port, executor
-        self.process: subprocess.Popen[bytes] | None = None
-        self.started_at = 0.0
-        self.restarts = 0
-        self.crashes_in_a_row = 0
-        self.restart_at: float | None = None
-        self.ready = False
-        self.draining = False
+    def __init__(self, process: subprocess.Popen[bytes], address: str) -> None:
+        self.process, self.address = process, address
 
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-    def spawn(self, stack_file: Path) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "lamina.cli", "worker", str(stack_file), "--host", self.host,
-             "--port", str(self.port)])
-        self.started_at = time.monotonic()
+    def exited(self) -> int | None:
+        return self.process.poll()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.process is None or self.process.poll() is not None:
+        if self.process.poll() is not None:
             return
         self.process.terminate()
         try:
@@ -80,26 +67,70 @@ class Worker:
             self.process.wait()
 
 
+class LocalProcesses:
+    """The default replica provider: workers as child processes on this machine, each on its own
+    port (``base_port`` + n, or a free one)."""
+
+    def __init__(self, host: str, base_port: int) -> None:
+        self.host, self.base_port, self._launched = host, base_port, 0
+        self._dir = tempfile.TemporaryDirectory(prefix="lamina-workers-")
+
+    def launch(self, name: str, worker_stack: Mapping[str, Any]) -> LocalHandle:
+        stack_file = Path(self._dir.name) / f"{name}.json"
+        stack_file.write_text(json.dumps(worker_stack), encoding="utf-8")
+        port = self.base_port + self._launched if self.base_port else free_port()
+        self._launched += 1
+        process = subprocess.Popen([sys.executable, "-m", "lamina.cli", "worker", str(stack_file),
+                                    "--host", self.host, "--port", str(port)])
+        return LocalHandle(process, f"{self.host}:{port}")
+
+    def close(self) -> None:
+        self._dir.cleanup()
+
+
+class Worker:
+    """One replica: the handle of its current process (a new one after each restart), the
+    backend that reaches it, and its state in the pool."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.handle: ReplicaHandle | None = None
+        self.executor: RemoteExecutor | None = None
+        self.started_at = 0.0
+        self.restarts = 0
+        self.crashes_in_a_row = 0
+        self.restart_at: float | None = None
+        self.ready = False
+        self.draining = False
+
+    @property
+    def address(self) -> str:
+        return self.handle.address if self.handle else ""
+
+    @property
+    def in_flight(self) -> int:
+        return self.executor.in_flight if self.executor else 0
+
+    @property
+    def load(self) -> int:
+        return self.executor.state().outstanding_requests if self.executor else 0
+
+
 class ReplicaSet:
     """The stack's worker pool; ready workers are entries of ``backends`` (the stack's own dict)."""
 
     def __init__(self, config: ReplicasConfig, raw_stack: Mapping[str, Any],
-                 backends: MutableMapping[str, Executor], *, drain_timeout_s: float = 30.0) -> None:
+                 backends: MutableMapping[str, Executor], *, provider: ReplicaProvider | None = None,
+                 drain_timeout_s: float = 30.0) -> None:
         self.config, self.backends, self.drain_timeout_s = config, backends, drain_timeout_s
+        self.provider = provider or LocalProcesses(config.host, config.base_port)
         self.stack = {key: value for key, value in raw_stack.items() if key in WORKER_SECTIONS}
         self.workers: list[Worker] = []
         self.cold_starts_s: deque[float] = deque(maxlen=COLD_STARTS_KEPT)
         self.actions: Counter[tuple[str, str]] = Counter()
         """(action, reason) → times taken: spawn, drain, restart; for metrics."""
-        self.on_change: Callable[[], None] = lambda: None
         self._next = 0
-        self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def stack_file(self) -> Path:
-        assert self._dir is not None
-        return Path(self._dir.name) / "worker-stack.json"
 
     @property
     def serving(self) -> list[Worker]:
@@ -110,11 +141,8 @@ class ReplicaSet:
         return [w for w in self.workers if not w.ready and not w.draining]
 
     async def start(self) -> None:
-        """Write the workers' stack, start ``count`` workers, return once all are ready."""
-        self._dir = tempfile.TemporaryDirectory(prefix="lamina-workers-")
-        self.stack_file.write_text(json.dumps(self.stack), encoding="utf-8")
-        workers = [self._spawn("start") for _ in range(self.config.count)]
-        await asyncio.gather(*(self._bring_up(w) for w in workers))
+        """Start ``count`` workers, return once all are ready, then watch them."""
+        await asyncio.gather(*(self._bring_up(self._new("start")) for _ in range(self.config.count)))
         self._spawn_task(self._watch_loop())
 
     async def stop(self) -> None:
@@ -124,21 +152,20 @@ class ReplicaSet:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for worker in self.workers:
-            await worker.executor.stop()
-        await asyncio.gather(*(asyncio.to_thread(worker.stop) for worker in self.workers))
-        if self._dir is not None:
-            self._dir.cleanup()
+            if worker.executor is not None:
+                await worker.executor.stop()
+        await asyncio.gather(*(asyncio.to_thread(w.handle.stop) for w in self.workers if w.handle))
+        self.provider.close()
 
     def scale_to(self, target: int, drain: tuple[str, ...] = (), reason: str = "") -> None:
         """Start workers or drain some until ``target`` are serving or starting."""
         active = self.serving + self.starting
         for _ in range(target - len(active)):
-            self._spawn_task(self._bring_up(self._spawn(reason or "scale_up")))
+            self._spawn_task(self._bring_up(self._new(reason or "scale_up"), give_up=True))
         surplus = len(active) - target
         if surplus > 0:
             named = [w for w in self.serving if w.name in drain]
-            rest = sorted((w for w in self.serving if w not in named),
-                          key=lambda w: w.executor.state().outstanding_requests)
+            rest = sorted((w for w in self.serving if w not in named), key=lambda w: w.load)
             for worker in (named + rest)[:surplus]:
                 self._spawn_task(self._retire(worker, reason or "scale_down"))
 
@@ -146,46 +173,62 @@ class ReplicaSet:
         """Drain ``worker``, then start it again (self-healing)."""
         self._spawn_task(self._retire(worker, reason, restart=True))
 
-    def _spawn(self, reason: str) -> Worker:
-        name = f"replica-{self._next}"
+    def _new(self, reason: str) -> Worker:
+        worker = Worker(f"replica-{self._next}")
         self._next += 1
-        port = self.config.base_port + self._next - 1 if self.config.base_port else free_port()
-        worker = Worker(name, self.config.host, port,
-                        RemoteExecutor(name, f"{self.config.host}:{port}",
-                                       connect_timeout_s=self.config.start_timeout_s))
         self.workers.append(worker)
-        worker.spawn(self.stack_file)
         self.actions["spawn", reason] += 1
-        log.info("replica_started", replica=name, address=worker.address, reason=reason,
-                 pid=worker.process.pid if worker.process else None)
+        log.info("replica_starting", replica=worker.name, reason=reason)
         return worker
 
-    async def _bring_up(self, worker: Worker) -> None:
+    async def _bring_up(self, worker: Worker, *, give_up: bool = False) -> None:
+        """Launch the worker's process, wait until it serves, put it in the backends. A worker
+        that fails to start raises, or with ``give_up`` is logged and dropped (the autoscaler
+        asks again at its next interval)."""
+        if not give_up:
+            await self._launch(worker)
+            return
+        try:
+            await self._launch(worker)
+        except Exception:
+            log.exception("replica_start_failed", replica=worker.name)
+            if worker.handle is not None:
+                await asyncio.to_thread(worker.handle.stop)
+            self.workers.remove(worker)
+
+    async def _launch(self, worker: Worker) -> None:
+        worker.started_at = time.monotonic()
+        worker.handle = await asyncio.to_thread(self.provider.launch, worker.name, self.stack)
+        previous, worker.executor = worker.executor, RemoteExecutor(
+            worker.name, worker.handle.address, connect_timeout_s=self.config.start_timeout_s)
         await worker.executor.start()
+        if previous is not None:
+            await previous.stop()
         self.cold_starts_s.append(time.monotonic() - worker.started_at)
         worker.ready = True
         self.backends[worker.name] = worker.executor
-        self.on_change()
-        log.info("replica_ready", replica=worker.name, cold_start_s=round(self.cold_starts_s[-1], 2))
+        log.info("replica_ready", replica=worker.name, address=worker.address,
+                 cold_start_s=round(self.cold_starts_s[-1], 2))
 
     async def _retire(self, worker: Worker, reason: str, *, restart: bool = False) -> None:
         worker.draining = True
-        worker.executor.draining = True
+        if worker.executor is not None:
+            worker.executor.draining = True
         self.actions["restart" if restart else "drain", reason] += 1
         log.info("replica_draining", replica=worker.name, reason=reason, restart=restart)
         deadline = time.monotonic() + self.drain_timeout_s
-        while worker.executor.in_flight and time.monotonic() < deadline:
+        while worker.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         self.backends.pop(worker.name, None)
-        await asyncio.to_thread(worker.stop)
+        if worker.handle is not None:
+            await asyncio.to_thread(worker.handle.stop)
         if restart:
-            worker.draining = worker.executor.draining = worker.ready = False
-            worker.spawn(self.stack_file)
+            worker.draining = worker.ready = False
             await self._bring_up(worker)
             return
-        await worker.executor.stop()
+        if worker.executor is not None:
+            await worker.executor.stop()
         self.workers.remove(worker)
-        self.on_change()
         log.info("replica_stopped", replica=worker.name, reason=reason)
 
     def _spawn_task(self, coroutine: Any) -> None:
@@ -201,20 +244,19 @@ class ReplicaSet:
     def check(self, now: float) -> None:
         """Notice exited workers and restart those whose back-off is over."""
         for worker in self.workers:
-            process = worker.process
-            if worker.draining:
+            if worker.draining or worker.handle is None or not worker.ready:
                 continue
-            if worker.restart_at is None and process is not None and process.poll() is not None:
+            status = worker.handle.exited()
+            if worker.restart_at is None and status is not None:
                 ran = now - worker.started_at
                 worker.crashes_in_a_row = 1 if ran >= STABLE_S else worker.crashes_in_a_row + 1
                 backoff = min(MAX_BACKOFF_S, self.config.restart_backoff_s * 2 ** (worker.crashes_in_a_row - 1))
                 worker.restart_at = now + backoff
                 self.actions["restart", "crash"] += 1
-                log.warning("replica_exited", replica=worker.name, returncode=process.returncode,
-                            ran_s=round(ran, 1), restart_in_s=backoff)
+                log.warning("replica_exited", replica=worker.name, returncode=status, ran_s=round(ran, 1),
+                            restart_in_s=backoff)
             if worker.restart_at is not None and now >= worker.restart_at:
                 worker.restart_at = None
                 worker.restarts += 1
-                worker.spawn(self.stack_file)
-                log.info("replica_restarted", replica=worker.name, restarts=worker.restarts,
-                         pid=worker.process.pid if worker.process else None)
+                log.info("replica_restarting", replica=worker.name, restarts=worker.restarts)
+                self._spawn_task(self._bring_up(worker))

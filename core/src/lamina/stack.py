@@ -138,7 +138,9 @@ class Stack:
         join the returned dict as they become ready."""
         backends: dict[str, Executor] = {b.name: RemoteExecutor(b.name, b.address) for b in config.backends}
         if config.replicas.count:
-            self.replicas = ReplicaSet(config.replicas, config.raw, backends,
+            provider = None if config.replica_provider is None else _instantiate(
+                config.replica_provider, BuildContext(stack_name=config.meta.name))
+            self.replicas = ReplicaSet(config.replicas, config.raw, backends, provider=provider,
                                        drain_timeout_s=config.server.drain_timeout_s)
         return backends
 

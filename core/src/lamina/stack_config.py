@@ -100,7 +100,8 @@ class ServerConfig:
 
 @attrs.frozen(kw_only=True)
 class ReplicasConfig:
-    """The ``[replicas]`` table: local worker processes, each running the stack's executor."""
+    """The ``[replicas]`` table: worker processes, each running the stack's executor; local
+    child processes unless ``provider = "<name>"`` (or ``{ use = ..., options }``) places them."""
 
     count: int = attrs.field(default=0, validator=attrs.validators.ge(0), metadata={
         "help": "worker processes (lamina worker) to start and supervise; 0 runs the executor in this process"})
@@ -159,6 +160,7 @@ class StackConfig:
     observers: tuple[ComponentSpec, ...] = ()
     slo: SloConfig = SloConfig()
     replicas: ReplicasConfig = ReplicasConfig()
+    replica_provider: ComponentSpec | None = None
     backends: tuple[RemoteBackend, ...] = ()
     route_tree: RouteTree | None = None
     raw: Mapping[str, Any] = attrs.field(factory=dict, repr=False, eq=False)
@@ -206,7 +208,10 @@ class StackConfig:
             else:
                 resolved[layer.key] = None
         admission, observers = _array(data, "admission"), _array(data, "observers")
-        replicas = build_options(ReplicasConfig, _table(data.get("replicas", {}), "replicas"), "replicas")
+        replicas_table = _table(data.get("replicas", {}), "replicas")
+        provider = replicas_table.get("provider")
+        replicas = build_options(ReplicasConfig, {k: v for k, v in replicas_table.items() if k != "provider"},
+                                 "replicas")
         backends = tuple(build_options(RemoteBackend, _table(item, f"backends[{i}]"), f"backends[{i}]")
                          for i, item in enumerate(_array(data, "backends")))
         if (replicas.count or backends) and isinstance(resolved["executor"], Split):
@@ -229,6 +234,9 @@ class StackConfig:
             ),
             slo=build_options(SloConfig, _table(data.get("slo", {}), "slo"), "slo"),
             replicas=replicas,
+            replica_provider=None if provider is None else _spec(
+                (layers.REPLICA_PROVIDER,), {"use": provider} if isinstance(provider, str)
+                else _table(provider, "replicas.provider"), "replicas.provider", registry),
             backends=backends,
             route_tree=None if "route_tree" not in data else parse_tree(
                 _table(data["route_tree"], "route_tree"), "route_tree",

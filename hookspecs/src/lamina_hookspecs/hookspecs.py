@@ -162,6 +162,16 @@ def lamina_register_observers(register: Register) -> None:
     """
 
 
+@hookspec
+def lamina_register_replica_providers(register: Register) -> None:
+    """Register replica providers: where ``[replicas]`` workers run when the stack file says
+    ``provider = "<name>"`` (local processes are core's default); factories return a
+    :class:`~lamina_hookspecs.protocols.ReplicaProvider`. Called like ``lamina_register_routers``.
+
+    :param register: the registration callback.
+    """
+
+
 # ---------------------------------------------------------------------------
 # Stack lifecycle (observers)
 # ---------------------------------------------------------------------------

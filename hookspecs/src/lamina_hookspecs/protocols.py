@@ -237,3 +237,36 @@ class Observer(Protocol):
         """Flush and release what the observer holds (exporters, files); called once when
         the stack stops, after the last request."""
         ...
+
+
+@runtime_checkable
+class ReplicaHandle(Protocol):
+    """One running ``lamina worker``, wherever a provider placed it."""
+
+    address: str
+    """``host:port`` of its gRPC API, reachable from the gateway."""
+
+    def exited(self) -> int | None:
+        """``None`` while it runs; its exit status (or -1 when unknown) once it is gone."""
+        ...
+
+    def stop(self) -> None:
+        """Stop it and wait until it is gone. Blocking: core calls it off the event loop."""
+        ...
+
+
+@runtime_checkable
+class ReplicaProvider(Protocol):
+    """Where replicas run (layer 5's hands): local processes by default, or another placement
+    (a Ray cluster) chosen with ``[replicas] provider``. Core's replica pool decides when to
+    launch and stop; the provider only does it."""
+
+    def launch(self, name: str, worker_stack: Mapping[str, Any]) -> ReplicaHandle:
+        """Start one ``lamina worker`` serving ``worker_stack`` (the stack file's executor
+        tables) and return once it has an address; it may still be loading its model.
+        Blocking: core calls it off the event loop."""
+        ...
+
+    def close(self) -> None:
+        """Release what the provider holds (a cluster connection); replicas are stopped first."""
+        ...

@@ -9,7 +9,8 @@ can run more replicas than this machine holds model copies. Per replica:
 - the **prefix cache** holds ``cache_blocks`` blocks of ``block_tokens`` prompt words, keyed by
   the tenant and everything up to the block's end, least recently used evicted first;
 - **decode** takes ``token_delay_s`` per token, slowed by ``batch_slowdown`` for every other
-  request decoding at the same time (a batch step costs more the larger the batch).
+  request decoding at the same time (a batch step costs more the larger the batch);
+- **start** takes ``startup_s`` (loading the weights), so a new replica has a cold start.
 
 ``state()`` reports what a real engine would: queue depth, outstanding requests and tokens
 (uncached prompt plus the tokens left to generate), cache blocks used.
@@ -38,6 +39,8 @@ class CostOptions:
         "help": "prompt words per simulated cache block"})
     batch_slowdown: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0), metadata={
         "help": "each other decoding request slows a token by this fraction of token_delay_s"})
+    startup_s: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0), metadata={
+        "help": "simulated model-load time: start() takes this long (cold starts for autoscaling)"})
 
 
 class SimulatedEngine:

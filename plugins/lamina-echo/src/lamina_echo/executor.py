@@ -56,7 +56,8 @@ class EchoExecutor:
         self._left: dict[object, int] = {}  # per stream: prompt tokens to prefill + tokens to generate
 
     async def start(self) -> None:
-        """Nothing to load."""
+        """Nothing to load, unless the cost model simulates loading (``startup_s``)."""
+        await asyncio.sleep(self.options.startup_s)
 
     async def stop(self) -> None:
         """Nothing to free: streams end when their iterators are closed."""

@@ -1,0 +1,56 @@
+"""A replica provider registered by a plugin places a stack's workers."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from lamina.plugins import load_plugins
+from lamina.replicas import LocalProcesses
+from lamina.stack import Stack
+from lamina.stack_config import StackConfig
+from lamina_hookspecs import hookimpl
+from lamina_hookspecs.errors import ConfigError
+from lamina_hookspecs.registration import Register
+
+
+class Counting(LocalProcesses):
+    """Local processes, counting what it launched."""
+
+    launched: list[str] = []
+
+    def launch(self, name: str, worker_stack: Any) -> Any:
+        Counting.launched.append(name)
+        assert set(worker_stack) <= {"stack", "executor", "prefix_cache", "batching"}
+        return super().launch(name, worker_stack)
+
+
+class Plugin:
+    @hookimpl
+    def lamina_register_replica_providers(self, register: Register) -> None:
+        register("counting", lambda options, context: Counting("127.0.0.1", 0))
+
+
+def test_workers_are_launched_through_the_configured_provider() -> None:
+    Counting.launched = []
+    plugins = load_plugins(extra=(("counting", Plugin()),))
+    config = StackConfig.from_dict({"executor": {"use": "echo"}, "replicas": {"count": 2, "provider": "counting"}},
+                                   plugins.registry)
+    stack = Stack(config, plugins)
+
+    async def run() -> list[str]:
+        await stack.start()
+        try:
+            return sorted(stack.backends)
+        finally:
+            await stack.stop()
+
+    assert asyncio.run(run()) == ["replica-0", "replica-1"]
+    assert sorted(Counting.launched) == ["replica-0", "replica-1"]
+
+
+def test_an_unknown_provider_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as info:
+        StackConfig.from_dict({"replicas": {"count": 1, "provider": "kubernetes"}}, load_plugins().registry)
+    assert info.value.path == "replicas.provider.use" and "no replica provider named 'kubernetes'" in str(info.value)
