@@ -19,9 +19,9 @@ STACKS = sorted((Path(__file__).resolve().parents[1] / "examples" / "stacks").gl
 def test_example_stack_serves_a_request(path: Path) -> None:
     plugins = load_plugins()
     stack = Stack(StackConfig.from_toml(path, plugins.registry), plugins)
-    model = next(iter(stack.backends.values())).model.id
 
     def parse(body: dict) -> Request:
+        model = next(iter(stack.backends.values())).model.id  # known once started (workers report it)
         return Request(id="r", model=model, prompt=body["prompt"], sampling=SamplingParams(max_tokens=8))
 
     async def go() -> str:
