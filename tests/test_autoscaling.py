@@ -104,3 +104,37 @@ def test_a_replica_over_the_5xx_threshold_is_restarted_but_never_the_last(live: 
     time.sleep(1.0)  # five ticks
     assert replicas.actions["restart", "heal"] == 1
     replicas.workers[1].draining = False
+
+
+def _canary_stack(canary_executor: dict[str, Any]) -> dict[str, Any]:
+    return {"executor": {"use": "echo"}, "replicas": {"count": 1, "autoscale_interval_s": 0.2},
+            "canary": {"executor": canary_executor, "share": 0.5, "min_requests": 8, "evaluate_after_s": 0,
+                       "max_ttft_p95_ratio": 3.0}}
+
+
+def test_a_canary_within_the_rules_is_promoted(live: Any, lamina_logs: list[dict[str, Any]]) -> None:
+    server = live(_canary_stack({"use": "echo", "vocab_size": 1000}))
+    pool = server.stack.replicas
+    wait_for(lambda: pool.canary is not None and pool.canary.ready and server.stack.pool.canary_ready_at)
+    for _ in range(40):
+        assert httpx.post(f"{server.url}/v1/completions", json={**SLOW, "max_tokens": 2}).status_code == 200
+    wait_for(lambda: pool.canary is None and pool.actions["restart", "canary_promote"] == 1
+             and len(pool.serving) == 1)
+    assert pool.stack["executor"] == {"use": "echo", "vocab_size": 1000}, "stable replicas run the canary's config"
+    (decided,) = [e for e in lamina_logs if e["event"] == "canary_decided"]
+    assert decided["promote"] and "promoted" in decided["reason"]
+    arms = {e["arm"] for e in lamina_logs if e["event"] == "request_finished"}
+    assert {"canary=canary", "canary=stable"} <= arms
+    assert httpx.post(f"{server.url}/v1/completions", json={**SLOW, "max_tokens": 2}).status_code == 200
+
+
+def test_a_slower_canary_is_rolled_back(live: Any, lamina_logs: list[dict[str, Any]]) -> None:
+    server = live(_canary_stack({"use": "echo", "prefill_s_per_token": 0.004}))  # ~80 ms more TTFT
+    pool = server.stack.replicas
+    wait_for(lambda: pool.canary is not None and pool.canary.ready and server.stack.pool.canary_ready_at)
+    for _ in range(40):
+        assert httpx.post(f"{server.url}/v1/completions", json={**SLOW, "max_tokens": 2}).status_code == 200
+    wait_for(lambda: pool.canary is None and pool.actions["canary_rollback", "canary"] == 1)
+    assert pool.stack["executor"] == {"use": "echo"} and pool.actions["restart", "canary_promote"] == 0
+    (decided,) = [e for e in lamina_logs if e["event"] == "canary_decided"]
+    assert not decided["promote"] and "TTFT p95" in decided["reason"]

@@ -22,6 +22,7 @@ from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import LaminaError
 from lamina_hookspecs.protocols import Autoscaler
 from lamina_hookspecs.types import FinishReason, PoolSnapshot, RequestContext, ScaleDecision
+from lamina.canary import CanaryConfig, Verdict, judge
 from lamina.replicas import ReplicaSet
 from lamina.stack_config import ReplicasConfig
 
@@ -44,6 +45,9 @@ class TrafficWindow:
         self.ttfts: list[float] = []
         self.tpots: list[float] = []
         self.outcomes: deque[tuple[float, str, bool]] = deque()  # (time, backend, server error)
+        self.canary_outcomes: dict[bool, list[tuple[bool, float | None]]] = {True: [], False: []}
+        """While a canary is judged: (server error, TTFT) of its requests (True) and the others'."""
+        self.canary_name: str | None = None
         self.since = time.monotonic()
 
     @hookimpl
@@ -71,6 +75,8 @@ class TrafficWindow:
         self.errors += server_error
         if ctx.backend is not None:
             self.outcomes.append((time.monotonic(), ctx.backend, server_error))
+            if self.canary_name is not None:
+                self.canary_outcomes[ctx.backend == self.canary_name].append((server_error, ctx.ttft_s))
 
     def snapshot(self, replicas: ReplicaSet, now: float) -> PoolSnapshot:
         """The pool now and the traffic since the last call (which starts a new interval)."""
@@ -103,13 +109,18 @@ class TrafficWindow:
 class PoolController:
     """Runs the autoscaler against the replica pool and heals failing replicas."""
 
-    def __init__(self, replicas: ReplicaSet, autoscaler: Autoscaler, config: ReplicasConfig) -> None:
-        self.replicas, self.autoscaler, self.config = replicas, autoscaler, config
+    def __init__(self, replicas: ReplicaSet, autoscaler: Autoscaler, config: ReplicasConfig,
+                 canary: CanaryConfig | None = None) -> None:
+        self.replicas, self.autoscaler, self.config, self.canary = replicas, autoscaler, config, canary
         self.traffic = TrafficWindow(config.heal_window_s)
         self.last: ScaleDecision | None = None
+        self.canary_ready_at: float | None = None
+        self.canary_verdict: Verdict | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        if self.canary is not None:
+            self.replicas.launch_canary(self.canary.tables)
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
@@ -137,7 +148,25 @@ class PoolController:
             self.replicas.scale_to(decision.target, decision.drain, reason=decision.reason or "autoscaler")
         self.last = decision
         self.heal(now)
+        self.judge_canary(now)
         return decision
+
+    def judge_canary(self, now: float) -> None:
+        """Start comparing once the canary serves; promote or roll back once the rules can tell."""
+        worker, config = self.replicas.canary, self.canary
+        if worker is None or config is None or not worker.ready or worker.draining or self.canary_verdict:
+            return
+        if self.canary_ready_at is None:
+            self.canary_ready_at, self.traffic.canary_name = now, worker.name
+            self.traffic.canary_outcomes = {True: [], False: []}
+            return
+        if now - self.canary_ready_at < config.evaluate_after_s:
+            return
+        verdict = judge(config, self.traffic.canary_outcomes[True], self.traffic.canary_outcomes[False])
+        if verdict is not None:
+            log.warning("canary_decided", promote=verdict.promote, reason=verdict.reason)
+            self.canary_verdict, self.traffic.canary_name = verdict, None
+            self.replicas.end_canary(verdict.promote)
 
     def heal(self, now: float) -> None:
         """Restart (drain first) the worst replica over the 5xx threshold, one at a time and never

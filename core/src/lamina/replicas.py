@@ -102,6 +102,11 @@ class Worker:
         self.restart_at: float | None = None
         self.ready = False
         self.draining = False
+        self.stack: Mapping[str, Any] | None = None  # a canary's own worker stack; None: the pool's
+
+    @property
+    def canary(self) -> bool:
+        return self.stack is not None
 
     @property
     def address(self) -> str:
@@ -134,11 +139,43 @@ class ReplicaSet:
 
     @property
     def serving(self) -> list[Worker]:
-        return [w for w in self.workers if w.ready and not w.draining]
+        """Stable replicas taking requests (the canary is not counted: the autoscaler sizes the pool)."""
+        return [w for w in self.workers if w.ready and not w.draining and not w.canary]
 
     @property
     def starting(self) -> list[Worker]:
-        return [w for w in self.workers if not w.ready and not w.draining]
+        return [w for w in self.workers if not w.ready and not w.draining and not w.canary]
+
+    @property
+    def canary(self) -> Worker | None:
+        """The canary replica, while one exists."""
+        return next((w for w in self.workers if w.canary), None)
+
+    def launch_canary(self, tables: Mapping[str, Any]) -> None:
+        """Start ``canary-0``: the pool's worker stack with ``tables`` in place of its own."""
+        worker = Worker("canary-0")
+        worker.stack = {**self.stack, **tables}
+        self.workers.append(worker)
+        self.actions["spawn", "canary"] += 1
+        log.info("canary_starting", tables=sorted(tables))
+        self._spawn_task(self._bring_up(worker, give_up=True))
+
+    def end_canary(self, promote: bool) -> None:
+        """Promote the canary (its stack becomes the pool's; stable replicas restart one at a
+        time with it, then the canary retires) or roll it back (it retires)."""
+        canary = self.canary
+        if canary is None:
+            return
+        self.actions["canary_promote" if promote else "canary_rollback", "canary"] += 1
+        self._spawn_task(self._conclude(canary, promote))
+
+    async def _conclude(self, canary: Worker, promote: bool) -> None:
+        if promote:
+            assert canary.stack is not None
+            self.stack = dict(canary.stack)
+            for worker in list(self.serving):
+                await self._retire(worker, "canary_promote", restart=True)
+        await self._retire(canary, "canary_promote" if promote else "canary_rollback")
 
     async def start(self) -> None:
         """Start ``count`` workers, return once all are ready, then watch them."""
@@ -198,7 +235,7 @@ class ReplicaSet:
 
     async def _launch(self, worker: Worker) -> None:
         worker.started_at = time.monotonic()
-        worker.handle = await asyncio.to_thread(self.provider.launch, worker.name, self.stack)
+        worker.handle = await asyncio.to_thread(self.provider.launch, worker.name, worker.stack or self.stack)
         previous, worker.executor = worker.executor, RemoteExecutor(
             worker.name, worker.handle.address, connect_timeout_s=self.config.start_timeout_s)
         await worker.executor.start()

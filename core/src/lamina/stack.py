@@ -126,10 +126,11 @@ class Stack:
         })
         self.admission = self._build_admission(config.admission, name)
         if self.replicas is not None:
-            self.pool = PoolController(self.replicas, self.autoscaler, config.replicas)
+            self.pool = PoolController(self.replicas, self.autoscaler, config.replicas, config.canary)
         self.observers = [(f"observer[{i}]:{spec.name}", _instantiate(spec, BuildContext(stack_name=name)))
                           for i, spec in enumerate(config.observers)]
         self._core_hooks = _CoreHooks(self)
+        self._canary_picker: ArmPicker | None = None
         self.started = False
         self._codecs_by_type: dict[str, Codec] | None = None
 
@@ -202,6 +203,21 @@ class Stack:
         structlog.contextvars.bind_contextvars(route_leaf=leaf.name, route_features=attrs.asdict(values))
         return attrs.evolve(request, model=leaf.pool)
 
+    def _canary_split(self, ctx: RequestContext, candidates: dict[str, Executor]) -> dict[str, Executor]:
+        """While a canary serves, its share of requests (by request id) go to it alone, the rest
+        to the stable replicas (all to it while no stable one is up, as during a promotion's
+        restarts); the ``canary`` arm records which."""
+        canary = self.replicas.canary if self.replicas is not None else None
+        if canary is None or not canary.ready or canary.draining or canary.name not in candidates:
+            return candidates
+        assert self.config.canary is not None
+        if self._canary_picker is None:
+            share = self.config.canary.share
+            self._canary_picker = ArmPicker.from_weights("lamina.canary", [("canary", share), ("stable", 1 - share)])
+        stable = {name: e for name, e in candidates.items() if name != canary.name}
+        arm = ctx.arms.setdefault("canary", self._canary_picker.pick(ctx.request_id) if stable else "canary")
+        return {canary.name: candidates[canary.name]} if arm == "canary" else stable
+
     def backend_states(self, request: Request, ctx: RequestContext) -> list[BackendState]:
         """Live state of the backends that may serve this request (its executor arm's, under a split),
         each marked ``circuit_open`` when a breaker holds it closed to new work."""
@@ -210,6 +226,7 @@ class Stack:
             candidates = {arm: executor}
         else:
             candidates = {name: e for name, e in self.backends.items() if e.model.id == request.model}
+            candidates = self._canary_split(ctx, candidates)
         now = time.monotonic()  # the breakers' clock: the pipeline reports started/finished on it too
         return [attrs.evolve(executor.state(), name=name,
                              circuit_open=self.admission.retry_after(name, now) is not None)

@@ -22,6 +22,7 @@ from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.layers import Layer
 from lamina.options import build_options, check_keys
 from lamina.registry import Component, ComponentRegistry
+from lamina.canary import CANARY_TABLES, CanaryConfig
 from lamina.route_tree import RouteTree, parse_tree
 from lamina.slo import SloConfig
 
@@ -36,7 +37,7 @@ DEFAULTS: dict[str, str] = {
 SPLITTABLE: tuple[Layer, ...] = (layers.ROUTER, layers.CODEC, layers.EXECUTOR, layers.PREFIX_CACHE, layers.BATCHING)
 SINGLE: tuple[Layer, ...] = (layers.AUTOSCALER,)
 STICKY_KEYS = ("tenant", "user", "request")
-SECTIONS = ("stack", "server", "replicas", "backends", "route_tree", "admission", "observers", "slo", "ab",
+SECTIONS = ("stack", "server", "replicas", "canary", "backends", "route_tree", "admission", "observers", "slo", "ab",
             *(layer.key for layer in SPLITTABLE + SINGLE))
 WORKER_SECTIONS = ("stack", "executor", "prefix_cache", "batching")
 """What a worker process (``lamina worker``) takes from its gateway's stack: the executor and
@@ -161,6 +162,7 @@ class StackConfig:
     slo: SloConfig = SloConfig()
     replicas: ReplicasConfig = ReplicasConfig()
     replica_provider: ComponentSpec | None = None
+    canary: CanaryConfig | None = None
     backends: tuple[RemoteBackend, ...] = ()
     route_tree: RouteTree | None = None
     raw: Mapping[str, Any] = attrs.field(factory=dict, repr=False, eq=False)
@@ -217,6 +219,7 @@ class StackConfig:
         if (replicas.count or backends) and isinstance(resolved["executor"], Split):
             raise ConfigError("ab.executor", "an executor split needs the executors in this process; "
                                              "with [replicas] or [[backends]], split the router instead")
+        canary = None if "canary" not in data else _canary(_table(data["canary"], "canary"), replicas, registry)
         names = [f"replica-{i}" for i in range(replicas.count)] + [b.name for b in backends]
         if len(set(names)) < len(names):
             raise ConfigError("backends", f"backend names must be unique; got {', '.join(names)}")
@@ -234,6 +237,7 @@ class StackConfig:
             ),
             slo=build_options(SloConfig, _table(data.get("slo", {}), "slo"), "slo"),
             replicas=replicas,
+            canary=canary,
             replica_provider=None if provider is None else _spec(
                 (layers.REPLICA_PROVIDER,), {"use": provider} if isinstance(provider, str)
                 else _table(provider, "replicas.provider"), "replicas.provider", registry),
@@ -279,6 +283,22 @@ def _table(value: Any, path: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigError(path, f"must be a table; got {type(value).__name__}")
     return value
+
+
+def _canary(table: Mapping[str, Any], replicas: ReplicasConfig, registry: ComponentRegistry) -> CanaryConfig:
+    """``[canary]``: its component tables, validated as the stack's own would be, and its rules."""
+    if not replicas.count:
+        raise ConfigError("canary", "a canary is one more worker replica: it needs [replicas] count >= 1")
+    kinds = {"executor": layers.EXECUTOR, "prefix_cache": layers.PREFIX_CACHE, "batching": layers.BATCHING}
+    check_keys(table, [*CANARY_TABLES, *(f.name for f in attrs.fields(CanaryConfig) if f.name != "tables")],
+               "canary", what="key")
+    tables = {key: table[key] for key in CANARY_TABLES if key in table}
+    if not tables:
+        raise ConfigError("canary", f"give the configuration to try: one or more of {', '.join(CANARY_TABLES)}")
+    for key, value in tables.items():
+        _spec((kinds[key],), _table(value, f"canary.{key}"), f"canary.{key}", registry)
+    rules = {k: v for k, v in table.items() if k not in CANARY_TABLES}
+    return attrs.evolve(build_options(CanaryConfig, rules, "canary"), tables=tables)
 
 
 def _array(data: Mapping[str, Any], key: str) -> list[Any]:
