@@ -39,7 +39,10 @@ def configure_logging(*, level: str = "INFO", json: bool | None = None) -> None:
         processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
         logger_factory=structlog.stdlib.LoggerFactory(),
         wrapper_class=structlog.stdlib.BoundLogger,
-        cache_logger_on_first_use=True,
+        # not cached: a cached logger keeps the first configuration forever, so an embedder that
+        # reconfigures (or structlog.testing.capture_logs) would miss it; we log a line per
+        # request, not per token, so the lookup costs nothing measurable
+        cache_logger_on_first_use=False,
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
