@@ -10,15 +10,7 @@ import pytest
 import structlog
 from lamina.logging import configure_logging
 
-
-@pytest.fixture(autouse=True)
-def _restore_logging() -> None:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-    structlog.reset_defaults()
+pytestmark = pytest.mark.usefixtures("restore_logging")
 
 
 def test_json_lines_for_structlog_and_stdlib_without_locals(capsys: pytest.CaptureFixture[str]) -> None:

@@ -110,19 +110,35 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0]
 
 
-def scrape(client: httpx.Client, url: str) -> Snapshot:
-    """Read ``url``'s ``/ready`` and ``/metrics``; :class:`StatusError` if that fails."""
+def _get(client: httpx.Client, url: str, path: str) -> httpx.Response:
     try:
-        ready = client.get(f"{url}/ready")
-        metrics = client.get(f"{url}/metrics")
+        return client.get(f"{url}{path}")
     except httpx.HTTPError as exc:
         raise StatusError(f"cannot reach {url}: {_first_line(exc)}") from None
+
+
+def _not_lamina(url: str, exc: Exception) -> StatusError:
+    return StatusError(f"{url} does not serve Lamina metrics: {_first_line(exc)}")
+
+
+def fetch_metrics(client: httpx.Client, url: str) -> Samples:
+    """``url``'s ``/metrics``, parsed; :class:`StatusError` if that fails."""
+    response = _get(client, url, "/metrics")
     try:
-        metrics.raise_for_status()
-        samples = parse_metrics(metrics.text)
-        state = ready.json()
+        response.raise_for_status()
+        return parse_metrics(response.text)
     except (httpx.HTTPStatusError, ValueError) as exc:
-        raise StatusError(f"{url} does not serve Lamina metrics: {_first_line(exc)}") from None
+        raise _not_lamina(url, exc) from None
+
+
+def scrape(client: httpx.Client, url: str) -> Snapshot:
+    """Read ``url``'s ``/ready`` and ``/metrics``; :class:`StatusError` if that fails."""
+    ready = _get(client, url, "/ready")
+    samples = fetch_metrics(client, url)
+    try:
+        state = ready.json()
+    except ValueError as exc:
+        raise _not_lamina(url, exc) from None
     if "lamina_backend_up" not in samples or not isinstance(state, dict):
         raise StatusError(f"{url} does not serve Lamina metrics (no lamina_backend_up in /metrics)")
     return Snapshot(url, time.monotonic(), bool(state.get("ready")), bool(state.get("draining")), samples)
@@ -223,21 +239,25 @@ def _num(value: float | None, fmt: str = "{:.0f}") -> str:
     return DASH if value is None else fmt.format(value)
 
 
-def _pct(value: float | None) -> str:
+def fmt_pct(value: float | None) -> str:
+    """A share (0 to 1) as a percentage, ``–`` for None."""
     return _num(None if value is None else value * 100, "{:.1f}%")
 
 
-def _secs(value: float | None) -> str:
+def fmt_secs(value: float | None, *, signed: bool = False) -> str:
+    """Seconds as ``"1.25 s"`` or ``"12.5 ms"`` (``"+12.5 ms"`` when ``signed``), ``–`` for None."""
     if value is None:
         return DASH
-    return f"{value:.3g} s" if value >= 1 else f"{value * 1e3:.3g} ms"
+    sign = "+" if signed else ""
+    return f"{value:{sign}.3g} s" if abs(value) >= 1 else f"{value * 1e3:{sign}.3g} ms"
 
 
 def _flag(text: str, bad: bool) -> Text:
     return Text(text, style="bold red" if bad else "green")
 
 
-def _table(title: str, *columns: str) -> Table:
+def rich_table(title: str, *columns: str) -> Table:
+    """A borderless table with a bold title; columns after the first are right-aligned."""
     table = Table(*columns, title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD,
                   show_edge=False)
     for column in table.columns[1:]:
@@ -256,38 +276,38 @@ def _header(summary: Summary, interval: float | None, error: str | None) -> Text
 
 
 def _replicas_table(replicas: Sequence[Replica]) -> Table:
-    table = _table("Replicas", "backend", "up", "circuit", "outstanding", "queue", "KV", "tok/s")
+    table = rich_table("Replicas", "backend", "up", "circuit", "outstanding", "queue", "KV", "tok/s")
     for r in replicas:
         table.add_row(r.name, _flag("yes" if r.up else "no", bad=not r.up),
                       _flag("open" if r.circuit_open else "closed", bad=r.circuit_open),
-                      _num(r.outstanding), _num(r.queue), _pct(r.kv_usage), _num(r.tokens_per_s, "{:.1f}"))
+                      _num(r.outstanding), _num(r.queue), fmt_pct(r.kv_usage), _num(r.tokens_per_s, "{:.1f}"))
     return table
 
 
 def _load_table(load: Load) -> Table:
-    table = _table("Load", "running", "waiting", "KV", "req/s", "tok/s")
+    table = rich_table("Load", "running", "waiting", "KV", "req/s", "tok/s")
     table.columns[0].justify = "right"
-    table.add_row(_num(load.running), _num(load.waiting), _pct(load.kv_usage), _num(load.requests_per_s, "{:.2f}"),
+    table.add_row(_num(load.running), _num(load.waiting), fmt_pct(load.kv_usage), _num(load.requests_per_s, "{:.2f}"),
                   _num(load.tokens_per_s, "{:.1f}"))
     return table
 
 
 def _slo_table(slos: Sequence[Slo]) -> Table:
     windows = list(dict.fromkeys(window for slo in slos for window in slo.burn))
-    table = _table("SLOs", "slo", "threshold", "budget", *(f"burn {w}" for w in windows))
+    table = rich_table("SLOs", "slo", "threshold", "budget", *(f"burn {w}" for w in windows))
     for slo in slos:
-        threshold = _pct(slo.threshold) if slo.name == "error_rate" else _secs(slo.threshold)
+        threshold = fmt_pct(slo.threshold) if slo.name == "error_rate" else fmt_secs(slo.threshold)
         burns = [slo.burn.get(w) for w in windows]
-        table.add_row(slo.name, threshold, _pct(slo.budget),
+        table.add_row(slo.name, threshold, fmt_pct(slo.budget),
                       *(Text(_num(b, "{:.2f}"), style="bold red" if b is not None and b > 1 else "") for b in burns))
     return table
 
 
 def _arms_table(arms: Sequence[Arm]) -> Table:
-    table = _table("A/B arms (since start)", "arm", "requests", "5xx", "TTFT p50", "TTFT p95", "e2e p95")
+    table = rich_table("A/B arms (since start)", "arm", "requests", "5xx", "TTFT p50", "TTFT p95", "e2e p95")
     for arm in arms:
-        table.add_row(arm.label or "(no arm)", _num(arm.requests), _pct(arm.error_share), _secs(arm.ttft_p50),
-                      _secs(arm.ttft_p95), _secs(arm.e2e_p95))
+        table.add_row(arm.label or "(no arm)", _num(arm.requests), fmt_pct(arm.error_share), fmt_secs(arm.ttft_p50),
+                      fmt_secs(arm.ttft_p95), fmt_secs(arm.e2e_p95))
     return table
 
 

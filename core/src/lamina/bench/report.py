@@ -80,9 +80,25 @@ def _ci_name(result: dict[str, Any]) -> str:
 
 def cdf_svg(series: Mapping[str, Sequence[float]], title: str, *, width: int = 460, height: int = 300) -> str:
     """An inline SVG of the empirical CDFs of ``series`` (seconds, drawn in ms)."""
+    return curves_svg({label: _ecdf(sorted(values)) for label, values in series.items() if values}, title,
+                      width=width, height=height)
+
+
+def _ecdf(values: Sequence[float]) -> list[tuple[float, float]]:
+    """The steps of sorted ``values``' empirical CDF, at most ~800 of them."""
+    step = max(1, len(values) // 800)
+    points = [(values[0], 0.0)]
+    for i in range(0, len(values), step):
+        points += [(values[i], i / len(values)), (values[i], min(i + step, len(values)) / len(values))]
+    return [*points, (values[-1], 1.0)]
+
+
+def curves_svg(curves: Mapping[str, Sequence[tuple[float, float]]], title: str, *, width: int = 460,
+               height: int = 300) -> str:
+    """An inline SVG of CDF curves: per label, ``(seconds, share 0 to 1)`` points joined by lines, drawn in ms."""
     left, right, top, bottom = 52, 12, 26, 40
     pw, ph = width - left - right, height - top - bottom
-    data = {k: sorted(v) for k, v in series.items() if v}
+    data = {k: v for k, v in curves.items() if v}
     parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
               f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">'),
              f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13">{html.escape(title)}</text>',
@@ -90,10 +106,10 @@ def cdf_svg(series: Mapping[str, Sequence[float]], title: str, *, width: int = 4
     if not data:
         parts.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle">no data</text></svg>')
         return "".join(parts)
-    lo = min(v[0] for v in data.values()) * 1000
-    hi = max(v[-1] for v in data.values()) * 1000
+    lo = min(v for points in data.values() for v, _ in points) * 1000
+    hi = max(v for points in data.values() for v, _ in points) * 1000
     lo = max(0.0, lo - (hi - lo) * 0.05)
-    hi = hi + (hi - lo) * 0.05 or lo + 1
+    hi = max(hi + (hi - lo) * 0.05, lo + 1)  # one distinct value still spans 1 ms
     def x(v: float) -> float:
         return left + (v * 1000 - lo) / (hi - lo) * pw
     def y(p: float) -> float:
@@ -106,25 +122,39 @@ def cdf_svg(series: Mapping[str, Sequence[float]], title: str, *, width: int = 4
                      f'<line x1="{left}" y1="{y(yv):.1f}" x2="{left + pw}" y2="{y(yv):.1f}" stroke="#eee"/>'
                      f'<text x="{left - 4}" y="{y(yv) + 4:.1f}" text-anchor="end">{yv:.1f}</text>')
     parts.append(f'<text x="{left + pw / 2}" y="{height - 6}" text-anchor="middle">ms</text>')
-    for n, (label, values) in enumerate(data.items()):
+    for n, (label, points) in enumerate(data.items()):
         color = _COLORS[n % len(_COLORS)]
-        step = max(1, len(values) // 800)  # at most ~800 points per line
-        points = [f"{x(values[0]):.1f},{y(0):.1f}"]
-        for i in range(0, len(values), step):
-            points.append(f"{x(values[i]):.1f},{y(i / len(values)):.1f}")
-            points.append(f"{x(values[i]):.1f},{y(min(i + step, len(values)) / len(values)):.1f}")
-        points.append(f"{x(values[-1]):.1f},{y(1):.1f}")
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6" points="{" ".join(points)}"/>')
+        line = " ".join(f"{x(v):.1f},{y(p):.1f}" for v, p in points)
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6" points="{line}"/>')
         parts.append(f'<rect x="{left + pw - 120}" y="{top + ph - 16 - 14 * n}" width="10" height="3" fill="{color}"/>'
                      f'<text x="{left + pw - 106}" y="{top + ph - 12 - 14 * n}">{html.escape(label)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """An HTML table of formatted cells (escaped here)."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def html_page(title: str, body: str) -> str:
+    """A self-contained page (inline style; no scripts, no network) with heading ``title`` over ``body``."""
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; color: #222; }}
+table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; }}
+th, td {{ border: 1px solid #ccc; padding: 3px 8px; text-align: right; font-size: 13px; }}
+th:first-child, td:first-child {{ text-align: left; }}
+.plots svg {{ margin: 4px; border: 1px solid #eee; }}
+pre {{ background: #f6f6f6; padding: 8px; font-size: 12px; }}
+</style></head><body>
+<h1>{html.escape(title)}</h1>
+{body}
+</body></html>
+"""
 
 
 def _verdict(c: dict[str, Any]) -> str:
@@ -149,13 +179,14 @@ def render_html(result: dict[str, Any]) -> str:
         values = {label: dict(summary_rows(summaries[label])) for label in labels}
         rows = [(name, *(values[label].get(name, "-") for label in labels)) for name in names]
         parts = [f"<h2>{html.escape(level['load'])}</h2>"]
-        parts.append(_table(("metric", *labels), rows))
+        parts.append(html_table(("metric", *labels), rows))
         for label, comparison in level["comparisons"].items():
             parts.append(f"<h3>{html.escape(label)} vs {html.escape(level['baseline'])}: ratio B/A with "
                          f"{html.escape(_ci_name(result))} CI</h3>")
-            parts.append(_table(("metric", f"A = {level['baseline']}", f"B = {label}", "B/A", "CI low", "CI high", ""),
-                                [(m, _num(c["a"], 4), _num(c["b"], 4), _num(c["ratio"], 3), _num(c["ci_low"], 3),
-                                  _num(c["ci_high"], 3), _verdict(c)) for m, c in comparison.items()]))
+            header = ("metric", f"A = {level['baseline']}", f"B = {label}", "B/A", "CI low", "CI high", "")
+            parts.append(html_table(header, [(m, _num(c["a"], 4), _num(c["b"], 4), _num(c["ratio"], 3),
+                                              _num(c["ci_low"], 3), _num(c["ci_high"], 3), _verdict(c))
+                                             for m, c in comparison.items()]))
         counted = [r for r in records if r["level"] == level["load"] and not r["warmup"] and r["ok"]]
         plots = []
         for key, name in _LATENCY_ROWS:
@@ -169,26 +200,12 @@ def render_html(result: dict[str, Any]) -> str:
         sections.append("\n".join(parts))
     setup = {k: config[k] for k in ("workload", "workload_options", "num_requests", "warmup", "seed", "rounds",
                                     "duration_s", "api", "model", "ignore_eos", "slos", "bootstrap")}
-    targets = _table(("label", "url", "stack", "model"),
-                     [(t["label"], t["url"], t["stack"] or "", str(result["models"].get(t["label"], "")))
-                      for t in config["targets"]])
-    return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>lamina bench</title>
-<style>
-body {{ font-family: sans-serif; margin: 2em; color: #222; }}
-table {{ border-collapse: collapse; margin: 0.5em 0 1.5em; }}
-th, td {{ border: 1px solid #ccc; padding: 3px 8px; text-align: right; font-size: 13px; }}
-th:first-child, td:first-child {{ text-align: left; }}
-.plots svg {{ margin: 4px; border: 1px solid #eee; }}
-pre {{ background: #f6f6f6; padding: 8px; font-size: 12px; }}
-</style></head><body>
-<h1>lamina bench</h1>
-<p>{html.escape(result['created'])}</p>
-{targets}
-<pre>{html.escape(json.dumps(setup, indent=1, default=str))}</pre>
-{''.join(sections)}
-</body></html>
-"""
+    targets = html_table(("label", "url", "stack", "model"),
+                         [(t["label"], t["url"], t["stack"] or "", str(result["models"].get(t["label"], "")))
+                          for t in config["targets"]])
+    body = (f"<p>{html.escape(result['created'])}</p>\n{targets}\n"
+            f"<pre>{html.escape(json.dumps(setup, indent=1, default=str))}</pre>\n{''.join(sections)}")
+    return html_page("lamina bench", body)
 
 
 def write_html(result: dict[str, Any], path: str | Path) -> Path:

@@ -86,3 +86,19 @@ def lamina_logs() -> Iterator[list[dict[str, Any]]]:
 
     with structlog.testing.capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
         yield logs
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """Undo :func:`lamina.logging.configure_logging` (which ``lamina.cli.main`` calls) after the test:
+    the root logger's handlers and level, and structlog's defaults."""
+    import logging
+
+    import structlog
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    structlog.reset_defaults()
