@@ -42,7 +42,7 @@ from rich.console import Console, Group, RenderableType
 from rich.padding import Padding
 from rich.text import Text
 
-from lamina.bench.report import curves_svg, html_page, html_table
+from lamina import htmlreport
 from lamina.status import (DASH, TIMEOUT_S, Labels, Samples, StatusError, fetch_metrics, fmt_pct, fmt_secs,
                            histogram_quantile, parse_metrics, rich_table)
 
@@ -371,13 +371,14 @@ def _cdf(buckets: Buckets) -> list[tuple[float, float]]:
 
 def render_html(report: Report) -> str:
     """A self-contained page: the tables and, per latency, each arm's CDF from its buckets."""
-    plots = [curves_svg({arm.label: _cdf(arm.latency[key].buckets) for arm in report.arms if arm.latency[key].count},
-                        f"{title} CDF (from buckets)") for key, title, _ in LATENCIES]
-    body = "\n".join([*(f"<h2>{html.escape(title)}</h2>{html_table(header, rows)}"
+    plots = [htmlreport.line_svg({arm.label: [(seconds * 1000, share) for seconds, share in _cdf(arm.latency[key].buckets)]
+                       for arm in report.arms if arm.latency[key].count},
+                      f"{title} CDF (from buckets)", x_label="ms", y_range=(0.0, 1.0)) for key, title, _ in LATENCIES]
+    body = "\n".join([*(f"<h2>{html.escape(title)}</h2>{htmlreport.table(header, rows)}"
                         for title, header, rows in tables(report)),
                       *(f"<p>{html.escape(line)}</p>" for line in notes(report)),
                       '<div class="plots">' + "".join(plots) + "</div>"])
-    return html_page(_heading(report), body)
+    return htmlreport.page(_heading(report), body)
 
 
 def run(source: str, *, layer: str | None, baseline: str | None, html_path: str | None, as_json: bool,

@@ -45,6 +45,9 @@ def build_options(cls: type | None, data: Mapping[str, Any], path: str) -> Any:
                 field.validator(None, field, kwargs[name])
             except (ValueError, TypeError) as exc:
                 raise ConfigError(field_path, _strip_field_name(str(exc), name)) from None
+    for name, field in fields.items():
+        if field.init and field.default is attrs.NOTHING and name not in kwargs:
+            raise ConfigError(_join(path, name), "missing: this option is required")
     try:
         return cls(**kwargs)
     except (ValueError, TypeError) as exc:

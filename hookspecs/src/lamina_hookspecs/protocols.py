@@ -149,8 +149,8 @@ class PrefixCache(Protocol):
 class Autoscaler(Protocol):
     """Layer 5: decides how many replicas run, how many to warm and which to drain.
 
-    The same object drives a live pool (core's replica provider calls it every
-    ``[autoscaler] interval_s``) and a replayed one (``lamina autoscale replay``), so it must
+    The same object drives a live pool (core's pool controller calls it every
+    ``[replicas] autoscale_interval_s``) and a replayed one (``lamina autoscale replay``), so it must
     take time only from ``snapshot.now``, never from a clock of its own.
     """
 
