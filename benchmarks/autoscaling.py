@@ -61,7 +61,7 @@ class StepLoad(Load):
         return out
 
 
-def policies(per_replica_rate: float, slo_s: float, peak: int) -> dict[str, str]:
+def policies(per_replica_rate: float, peak: int) -> dict[str, str]:
     """Each policy's ``[autoscaler]`` table."""
     return {
         "static": f'use = "static"\nreplicas = {peak}\n',
@@ -70,7 +70,7 @@ def policies(per_replica_rate: float, slo_s: float, peak: int) -> dict[str, str]
                    "scale_up_cooldown_s = 2\nscale_down_cooldown_s = 8\n"),
         "predictive": ('use = "predictive"\n'
                        f"per_replica_rate = {per_replica_rate:.3f}\nmin_replicas = 1\nmax_replicas = {peak + 1}\n"
-                       "scale_down_cooldown_s = 8\n"),
+                       "window_s = 8\nlead_clamp_s = [2, 30]\nscale_up_cooldown_s = 2\nscale_down_cooldown_s = 8\n"),
     }
 
 
@@ -158,7 +158,7 @@ def main() -> None:
     load = StepLoad(kind="poisson", rate=high, phases=phases)
     requests = workload(int(sum(d * r for d, r in phases) * 1.5) + 10, args.seed)
     peak = -(-high // per_replica)
-    configs = policies(per_replica, args.slo_ttft_s, int(peak))
+    configs = policies(per_replica, int(peak))
     print(f"phases {phases[0][1]:.1f} → {phases[1][1]:.1f} → {phases[2][1]:.1f} req/s for "
           f"{'/'.join(f'{d:g}' for d in phase_s)} s; one replica sustains ~{per_replica:.1f} req/s at 60% "
           f"prefill load; cold start ~{args.cold_start_s:g} s + process start", file=sys.stderr)
@@ -205,7 +205,7 @@ def _s(value: float | None) -> str:
 
 
 def _html(timelines: dict[str, list[tuple[float, float, float]]], phases: tuple[tuple[float, float], ...]) -> str:
-    from lamina.bench.report import line_svg
+    from lamina.htmlreport import line_svg, page
 
     series = {name: [(t, serving + starting) for t, serving, starting in samples]
               for name, samples in timelines.items()}
@@ -213,10 +213,10 @@ def _html(timelines: dict[str, list[tuple[float, float, float]]], phases: tuple[
     for duration, r in phases:
         rate += [(t, r), (t + duration, r)]
         t += duration
-    return ("<!doctype html><meta charset='utf-8'><title>Autoscaling on a load step</title>"
-            "<h1>Autoscaling on a load step</h1>"
-            + line_svg(series, "replicas (serving + starting) over time", x_label="s", y_label="replicas")
-            + line_svg({"arrival rate": rate}, "arrival rate", x_label="s", y_label="req/s"))
+    return page("Autoscaling on a load step",
+                '<div class="plots">' + line_svg(series, "replicas (serving + starting) over time", x_label="s",
+                                                 legend="top-left")
+                + line_svg({"arrival rate (req/s)": rate}, "arrival rate", x_label="s", legend="top-left") + "</div>")
 
 
 if __name__ == "__main__":
