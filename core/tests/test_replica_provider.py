@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -16,11 +17,14 @@ from lamina_hookspecs.registration import Register
 
 
 class Counting(LocalProcesses):
-    """Local processes, counting what it launched."""
+    """Local processes, counting what it launched; a relaunch takes ``relaunch_s``, as a cluster's may."""
 
     launched: list[str] = []
+    relaunch_s = 0.0
 
     def launch(self, name: str, worker_stack: Any) -> Any:
+        if name in Counting.launched:
+            time.sleep(Counting.relaunch_s)
         Counting.launched.append(name)
         assert set(worker_stack) <= {"stack", "executor", "prefix_cache", "batching"}
         return super().launch(name, worker_stack)
@@ -48,6 +52,33 @@ def test_workers_are_launched_through_the_configured_provider() -> None:
 
     assert asyncio.run(run()) == ["replica-0", "replica-1"]
     assert sorted(Counting.launched) == ["replica-0", "replica-1"]
+
+
+def test_a_crashed_worker_is_relaunched_once_while_its_launch_takes_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Counting, "launched", [])
+    monkeypatch.setattr(Counting, "relaunch_s", 1.5)  # three watch intervals
+    plugins = load_plugins(extra=(("counting", Plugin()),))
+    config = StackConfig.from_dict({"executor": {"use": "echo"},
+                                    "replicas": {"count": 1, "provider": "counting", "restart_backoff_s": 0}},
+                                   plugins.registry)
+    stack = Stack(config, plugins)
+
+    async def run() -> int:
+        await stack.start()
+        try:
+            worker, deadline = stack.replicas.workers[0], time.monotonic() + 30
+            crashed = worker.handle
+            crashed.process.kill()
+            while worker.handle is crashed or stack.backends["replica-0"] is not worker.executor:
+                assert time.monotonic() < deadline, "not relaunched"
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)
+            return worker.restarts
+        finally:
+            await stack.stop()
+
+    assert asyncio.run(run()) == 1
+    assert Counting.launched == ["replica-0", "replica-0"]
 
 
 def test_an_unknown_provider_is_a_config_error() -> None:

@@ -100,6 +100,8 @@ class Worker:
         self.restarts = 0
         self.crashes_in_a_row = 0
         self.restart_at: float | None = None
+        self.relaunching = False
+        """After a crash, until the new process is up: the old handle is not watched meanwhile."""
         self.ready = False
         self.draining = False
         self.stack: Mapping[str, Any] | None = None  # a canary's own worker stack; None: the pool's
@@ -281,7 +283,7 @@ class ReplicaSet:
     def check(self, now: float) -> None:
         """Notice exited workers and restart those whose back-off is over."""
         for worker in self.workers:
-            if worker.draining or worker.handle is None or not worker.ready:
+            if worker.draining or worker.handle is None or not worker.ready or worker.relaunching:
                 continue
             status = worker.handle.exited()
             if worker.restart_at is None and status is not None:
@@ -296,4 +298,11 @@ class ReplicaSet:
                 worker.restart_at = None
                 worker.restarts += 1
                 log.info("replica_restarting", replica=worker.name, restarts=worker.restarts)
-                self._spawn_task(self._bring_up(worker))
+                worker.relaunching = True
+                self._spawn_task(self._relaunch(worker))
+
+    async def _relaunch(self, worker: Worker) -> None:
+        try:
+            await self._bring_up(worker)
+        finally:
+            worker.relaunching = False
