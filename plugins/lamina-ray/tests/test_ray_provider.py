@@ -21,6 +21,10 @@ from lamina_hookspecs.protocols import Executor
 from lamina_hookspecs.registration import Register
 from lamina_hookspecs.types import PoolSnapshot, Request, RequestContext, SamplingParams, ScaleDecision
 
+# Ray starts its processes by fork+exec; when the whole suite runs, JAX is already loaded in
+# this process and warns on every fork (harmless here: the child execs at once).
+pytestmark = pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
+
 
 class Scripted:
     """An autoscaler whose answer the test sets."""
