@@ -144,7 +144,9 @@ def lamina_register_breakers(register: Register) -> None:
 @hookspec
 def lamina_register_batching_policies(register: Register) -> None:
     """Register batching policies that executors' schedulers consult; factories return a
-    :class:`~lamina_hookspecs.protocols.BatchingPolicy`. Called like ``lamina_register_routers``.
+    :class:`~lamina_hookspecs.protocols.BatchingPolicy`. A stack's ``[batching]`` policy reaches
+    its executor's factory as ``BuildContext.batching``; one instance serves one executor (its
+    state is that scheduler's). Called like ``lamina_register_routers``.
 
     :param register: the registration callback.
     """

@@ -221,10 +221,25 @@ class Breaker(Protocol):
 
 @runtime_checkable
 class BatchingPolicy(Protocol):
-    """Consulted by an executor's scheduler: how long to wait for more requests."""
+    """Consulted by an executor's scheduler before it starts new prefills: whether to hold them
+    a little longer, to gather more requests into one batch, and how many to start at once.
+
+    The scheduler asks only while requests wait; decoding never waits for it. A policy takes
+    time only from ``state.now`` (never from a clock of its own), so a test can replay it.
+    """
 
     def wait_s(self, state: SchedulerState) -> float:
-        """Seconds to wait before running the next batch (0 runs it now)."""
+        """Seconds to keep holding new prefills (0: start them now). It must reach 0 once
+        ``state.oldest_wait_s`` exceeds the policy's longest window, so no request waits for ever."""
+        ...
+
+    def max_prefills(self, state: SchedulerState) -> int:
+        """The most new sequences to start prefilling in this step (at least 1)."""
+        ...
+
+    def observe(self, latency_s: float, state: SchedulerState) -> None:
+        """Feedback after a step in which started requests got their first token: ``latency_s``
+        is the longest of their times to first token (queueing, the window held, prefill)."""
         ...
 
 

@@ -294,12 +294,20 @@ class PrefixMatch:
 
 @attrs.frozen(kw_only=True)
 class SchedulerState:
-    """What a batching policy sees when the executor's scheduler asks how long to wait."""
+    """What a batching policy sees when the executor's scheduler asks how long to wait.
 
+    ``now`` is the scheduler's clock (seconds, monotonic); ``waiting`` requests have not started
+    their prefill, ``running`` ones are decoding, at most ``max_batch`` together;
+    ``oldest_wait_s`` is how long the first waiting one has waited, ``arrival_rate`` the recent
+    arrivals per second (a moving average over a few seconds).
+    """
+
+    now: float
     waiting: int
     running: int
     max_batch: int
     oldest_wait_s: float = 0.0
+    arrival_rate: float = 0.0
 
 
 @attrs.define(kw_only=True)

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lamina_jax.model.llama import KVCache, LlamaParams, decode, forward, init_cache, prefill
+from lamina_jax.model.llama import KVCache, LlamaParams, decode, forward, init_cache, prefill, prefill_packed
 from lamina_jax.testing import random_weights, reference_logits, tiny_config, to_params
 
 CONFIG = tiny_config()
@@ -95,6 +95,31 @@ def test_prefill_writes_only_real_tokens(params: LlamaParams) -> None:
         assert not np.allclose(cache.k[layer][8, :1], before.k[layer][8, :1])
         np.testing.assert_array_equal(cache.k[layer][8, 1:], before.k[layer][8, 1:])
         np.testing.assert_array_equal(cache.v[layer][0], before.v[layer][0])
+
+
+def test_packed_prefill_of_several_sequences_matches_forward(params: LlamaParams) -> None:
+    """Three chunks in one call: a fresh 6-token prompt, positions 5-9 of a sequence whose first 5
+    are already cached, and a fresh 3-token prompt; padding tokens and table entries write nothing."""
+    seqs = [random_tokens(20, 6), random_tokens(21, 10), random_tokens(22, 3)]
+    blocks = [[5, 2], [9, 4, 7], [11]]
+    expected = [np.asarray(forward(params, jnp.asarray(seq), config=CONFIG)) for seq in seqs]
+    cache = prefill(params, stale_cache(), padded(seqs[1][:5], 8), 5, table(blocks[1], 4), 0, config=CONFIG)[1]
+    chunks = [(seqs[0], 0), (seqs[1][5:], 5), (seqs[2], 0)]  # (tokens, start)
+    tokens = padded([t for chunk, _ in chunks for t in chunk], 16)
+    positions = padded([p for chunk, start in chunks for p in range(start, start + len(chunk))], 16)
+    rows = jnp.asarray([i for i, (chunk, _) in enumerate(chunks) for _ in chunk] + [-1] * 2, jnp.int32)
+    flat = table([b for bs in blocks for b in bs], 8)
+    table_rows = jnp.asarray([i for i, bs in enumerate(blocks) for _ in bs] + [-1] * 2, jnp.int32)
+    starts, last = jnp.asarray([0, 2, 5, 0], jnp.int32), jnp.asarray([5, 10, 13, 0], jnp.int32)
+    logits, cache = prefill_packed(params, cache, tokens, positions, rows, flat, table_rows, starts, last,
+                                   config=CONFIG)
+    for row, (seq, want) in enumerate(zip(seqs, expected, strict=True)):
+        np.testing.assert_allclose(logits[row], want[len(seq) - 1], atol=1e-4, rtol=0)
+    untouched = stale_cache()
+    for layer in range(CONFIG.n_layers):  # block 0 pads the table; 7 and 11 are written only in part
+        np.testing.assert_array_equal(cache.k[layer][0], untouched.k[layer][0])
+        np.testing.assert_array_equal(cache.k[layer][7, 2:], untouched.k[layer][7, 2:])
+        np.testing.assert_array_equal(cache.v[layer][11, 3:], untouched.v[layer][11, 3:])
 
 
 def test_chunked_prefill_with_all_logits_matches_forward(params: LlamaParams) -> None:

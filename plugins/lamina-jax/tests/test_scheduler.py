@@ -17,15 +17,17 @@ def test_long_prompt_is_prefilled_in_chunks_beside_decoding() -> None:
     scheduler.add(short)
     scheduler.add(long)
     step = scheduler.schedule()
-    assert step.prefill.seq is short and step.prefill.last and not step.decode
-    scheduler.finish_prefill(step.prefill)
+    [work] = step.prefills
+    assert work.seq is short and work.last and not step.decode
+    scheduler.finish_prefill(work)
     short.output_ids.append(7)
     starts = []
     for _ in range(3):
         step = scheduler.schedule()
         assert step.decode == [short], "the running stream decodes every step"
-        starts.append((step.prefill.start, len(step.prefill.tokens), step.prefill.last))
-        scheduler.finish_prefill(step.prefill)
+        [work] = step.prefills
+        starts.append((work.start, len(work.tokens), work.last))
+        scheduler.finish_prefill(work)
         short.num_computed += 1
         short.output_ids.append(7)
     assert starts == [(0, 16, False), (16, 16, False), (32, 8, True)]
@@ -37,12 +39,12 @@ def test_preemption_frees_the_newest_and_requeues_it_first() -> None:
     scheduler = Scheduler(allocator, block_size=4, max_batch=8, prefill_chunk=64)
     a, b = seq("a", 7), seq("b", 7)
     scheduler.add(a)
-    scheduler.finish_prefill(scheduler.schedule().prefill)
+    scheduler.finish_prefill(scheduler.schedule().prefills[0])
     a.output_ids.append(1)
     scheduler.add(b)
     step = scheduler.schedule()
-    assert step.decode == [a] and step.prefill.seq is b
-    scheduler.finish_prefill(step.prefill)
+    assert step.decode == [a] and [w.seq for w in step.prefills] == [b]
+    scheduler.finish_prefill(step.prefills[0])
     a.num_computed += 1
     a.output_ids.append(1)
     b.output_ids.append(1)

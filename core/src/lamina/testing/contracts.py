@@ -8,11 +8,14 @@ override the ``component`` fixture to construct it yourself.
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import random
+import time
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
+import attrs
 import pytest
 
 from lamina_hookspecs import layers
@@ -23,8 +26,8 @@ from lamina_hookspecs.layers import Layer
 from lamina_hookspecs.registration import BuildContext
 from lamina.testing.streams import decode_stream, encode_stream
 from lamina_hookspecs.types import (
-    BackendState, PoolSnapshot, PrefixMatch, Request, SamplingParams, ScaleDecision, StreamError, StreamMeta,
-    TokenChunk,
+    BackendState, PoolSnapshot, PrefixMatch, Request, SamplingParams, ScaleDecision, SchedulerState, StreamError,
+    StreamMeta, TokenChunk,
     TopLogprob, Usage,
 )
 
@@ -358,3 +361,48 @@ class PrefixCacheContract(ComponentContract):
         assert not component.owns(1), "an evicted block is the executor's again"
         assert component.match(list(range(size)), salt=b"s") == PrefixMatch(num_tokens=0)
 
+
+
+def _scheduler_states(rng: random.Random, n: int) -> list[SchedulerState]:
+    now, states = 100.0, []
+    for _ in range(n):
+        now += rng.expovariate(20.0)
+        states.append(SchedulerState(now=now, waiting=rng.randrange(1, 40), running=rng.randrange(32), max_batch=32,
+                                     oldest_wait_s=rng.expovariate(10.0), arrival_rate=rng.uniform(0.0, 200.0)))
+    return states
+
+
+class BatchingPolicyContract(ComponentContract):
+    """A batching policy answers a finite, non-negative hold and at least one prefill per step,
+    stops holding a request that has waited an hour (whatever feedback it got), and takes time
+    only from the state it is given: a copy fed the same calls later answers the same."""
+
+    layer = layers.BATCHING
+
+    def _replay(self, policy: Any, states: list[SchedulerState]) -> list[tuple[float, int]]:
+        answers = []
+        for i, state in enumerate(states):
+            answers.append((policy.wait_s(state), policy.max_prefills(state)))
+            if i % 3 == 0:
+                policy.observe(state.oldest_wait_s + 0.05 * (i % 7), state)
+        return answers
+
+    def test_holds_finitely_and_starts_at_least_one(self, component: Any) -> None:
+        for wait, limit in self._replay(component, _scheduler_states(random.Random(5), 400)):
+            assert math.isfinite(wait) and wait >= 0
+            assert isinstance(limit, int) and limit >= 1
+
+    @pytest.mark.parametrize("latency_s", [0.0, 0.01, 5.0, 120.0])
+    def test_never_holds_a_request_for_ever(self, component: Any, latency_s: float) -> None:
+        state = SchedulerState(now=10.0, waiting=1, running=0, max_batch=32, arrival_rate=50.0)
+        for i in range(500):
+            component.observe(latency_s, attrs.evolve(state, now=10.0 + i * 0.01))
+        assert component.wait_s(attrs.evolve(state, now=20.0, oldest_wait_s=3600.0)) == 0.0
+        assert component.wait_s(attrs.evolve(state, now=20.0, running=5, waiting=3, oldest_wait_s=3600.0)) == 0.0
+
+    def test_takes_time_only_from_the_state(self, component: Any) -> None:
+        twin = copy.deepcopy(component)
+        states = _scheduler_states(random.Random(9), 200)
+        first = self._replay(component, states)
+        time.sleep(0.02)
+        assert self._replay(twin, states) == first

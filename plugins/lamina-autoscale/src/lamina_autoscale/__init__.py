@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.registration import Register
+from lamina_autoscale.adaptive_batching import AdaptiveOptions, build_adaptive
+from lamina_autoscale.batching import FixedOptions, build_fixed
 from lamina_autoscale.predictive import PredictiveOptions, build_predictive
 from lamina_autoscale.static import StaticOptions, build_static
 from lamina_autoscale.target import TargetOptions, build_target
@@ -23,3 +25,9 @@ def lamina_register_autoscalers(register: Register) -> None:
     register("static", build_static, options=StaticOptions)
     register("target", build_target, options=TargetOptions)
     register("predictive", build_predictive, options=PredictiveOptions)
+
+
+@hookimpl
+def lamina_register_batching_policies(register: Register) -> None:
+    register("fixed", build_fixed, options=FixedOptions)
+    register("adaptive", build_adaptive, options=AdaptiveOptions)

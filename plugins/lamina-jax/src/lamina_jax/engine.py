@@ -5,16 +5,22 @@ never touches JAX. ``submit`` and ``abort`` put commands on a thread-safe inbox;
 thread drains it between steps, so new requests join the running batch at step boundaries.
 Each ``step()`` is schedule → run → update:
 
-- schedule: the :class:`~lamina_jax.scheduler.Scheduler` picks one prefill chunk and the
+- schedule: the :class:`~lamina_jax.scheduler.Scheduler` picks the prefill chunks and the
   decode batch, taking KV blocks as sequences grow;
 - run: the :class:`~lamina_jax.model_runner.ModelRunner` executes the jitted prefill and
   decode calls and samples on the device (XLA releases the GIL meanwhile);
 - update: each new token is detokenized incrementally, checked against stop conditions,
   and handed to its request's ``emit`` callback, which forwards it to the event loop with
-  ``call_soon_threadsafe``. Finished and aborted sequences free their blocks at once.
+  ``call_soon_threadsafe``. Finished and aborted sequences free their blocks at once. With a
+  batching policy, the longest time to first token (submission to first token) of the
+  sequences that got theirs in the step is reported to it.
 
-When there is nothing to do, the thread blocks on the inbox. Contextvars do not cross into
-this thread, so every log line names the request id explicitly.
+When there is nothing to do, the thread blocks on the inbox. When the batching policy holds
+new prefills and nothing is running, it waits on the inbox for at most the hold: a new request
+wakes it and the policy is asked again, and once the hold has passed the waiting requests
+start. A policy must stop holding once the oldest request has waited its window, so a lone
+request is delayed by at most that window, never stalled. Contextvars do not cross into this
+thread, so every log line names the request id explicitly.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import structlog
 from lamina_hookspecs.errors import InternalError
 from lamina_hookspecs.types import FinishReason, TokenChunk, TopLogprob, Usage
 from lamina_jax.model_runner import ModelRunner, SampledRow
-from lamina_jax.scheduler import Scheduler, Sequence, Step
+from lamina_jax.scheduler import PrefillWork, Scheduler, Sequence, Step
 from lamina_jax.stop_text import StopText
 from lamina_jax.tokenizer import GGUFTokenizer, IncrementalDetokenizer
 
@@ -103,18 +109,20 @@ class Engine:
     # -- the engine thread -------------------------------------------------------------
 
     def _run(self) -> None:
+        idle_s = 0.0
         while True:
-            if not self._drain(block=not self.scheduler.has_work()):
+            if not self._drain(timeout=idle_s if self.scheduler.has_work() else None):
                 break
-            self.step()
+            idle_s = self.step()
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
             self._finish(seq, "abort")
 
-    def _drain(self, *, block: bool) -> bool:
-        """Apply inbox commands; False on stop."""
+    def _drain(self, *, timeout: float | None) -> bool:
+        """Apply inbox commands, waiting up to ``timeout`` seconds for the first (``None``: for ever); False on stop."""
+        block = timeout is None or timeout > 0
         while True:
             try:
-                command, arg = self._inbox.get(block=block)
+                command, arg = self._inbox.get(block=block, timeout=timeout if block else None)
             except queue.Empty:
                 return True
             block = False
@@ -129,13 +137,15 @@ class Engine:
             elif command == "abort" and self.scheduler.remove(arg):
                 self._outputs.pop(arg, None)
 
-    def step(self) -> None:
-        """One schedule → run → update cycle."""
-        step = self.scheduler.schedule()
-        if step.prefill is None and not step.decode:
-            time.sleep(0.001)  # waiting for memory that only an abort can free
-            return
-        started, before = time.monotonic(), self.generated_tokens
+    def step(self) -> float:
+        """One schedule → run → update cycle; returns how long the engine may wait for a new
+        command before the next one (0 after a step that ran)."""
+        started = time.monotonic()
+        step = self.scheduler.schedule(started)
+        if not step.prefills and not step.decode:
+            # held by the batching policy, or waiting for memory that only an abort can free
+            return self.scheduler.hold_s or 0.001
+        before = self.generated_tokens
         try:
             self._run_step(step)
             self._count(self.generated_tokens - before, started)
@@ -145,25 +155,35 @@ class Engine:
             for seq in self.scheduler.discard_all():
                 seq.emit(InternalError("the executor failed while computing this request"))
                 self._outputs.pop(seq, None)
+        return 0.0
 
     @staticmethod
     def _in(step: Step) -> list[Sequence]:
-        return ([step.prefill.seq] if step.prefill else []) + step.decode
+        return [w.seq for w in step.prefills] + step.decode
 
     def _run_step(self, step: Step) -> None:
-        work = step.prefill
-        if work is not None:
-            if work.seq.queue_s is None:
-                work.seq.queue_s = time.monotonic() - work.seq.submitted_at
-            sampled = self.runner.prefill(work.seq, work.start, work.tokens, sample=work.last)
-            self.scheduler.finish_prefill(work)
-            if work.last and sampled is not None and not work.seq.output_ids:
-                self._accept(work.seq, sampled)
+        if step.prefills:
+            self._prefill(step.prefills)
         if step.decode:
             rows = self.runner.decode(step.decode)
             for seq, row in zip(step.decode, rows, strict=True):
                 seq.num_computed += 1
                 self._accept(seq, row)
+
+    def _prefill(self, works: list[PrefillWork]) -> None:
+        now = time.monotonic()
+        for work in works:
+            if work.seq.queue_s is None:
+                work.seq.queue_s = now - work.seq.submitted_at
+        first = []  # sequences that get their first token now (not a recomputation after preemption)
+        for work, sampled in zip(works, self.runner.prefill(works), strict=True):
+            self.scheduler.finish_prefill(work)
+            if sampled is not None and not work.seq.output_ids:
+                first.append(work.seq)
+                self._accept(work.seq, sampled)
+        if first:
+            now = time.monotonic()
+            self.scheduler.observe(max(now - seq.submitted_at for seq in first), now)
 
     def _accept(self, seq: Sequence, row: SampledRow) -> None:
         output = self._outputs[seq]

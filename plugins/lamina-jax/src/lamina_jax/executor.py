@@ -19,7 +19,7 @@ import structlog
 from tqdm import tqdm
 
 from lamina_hookspecs.errors import ContextLengthError, InvalidRequestError, LaminaError, ServiceUnavailableError
-from lamina_hookspecs.protocols import PrefixCache
+from lamina_hookspecs.protocols import BatchingPolicy, PrefixCache
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
 from lamina_jax.engine import Engine
@@ -37,12 +37,14 @@ log = structlog.get_logger(__name__)
 class JaxExecutor:
     """A Llama-family model from a GGUF file, served with continuous batching."""
 
-    def __init__(self, options: JaxOptions, prefix_cache: PrefixCache | None = None) -> None:
+    def __init__(self, options: JaxOptions, prefix_cache: PrefixCache | None = None,
+                 batching: BatchingPolicy | None = None) -> None:
         if prefix_cache is not None and prefix_cache.block_size != options.block_size:
             raise ValueError(f"the prefix cache's block_size ({prefix_cache.block_size}) must equal the "
                              f"executor's ({options.block_size})")
         self.options = options
         self.prefix_cache = prefix_cache
+        self.batching = batching
         path = smollm2_path() if options.model == BUILTIN_MODEL else Path(options.model)
         self.path = path
         name = options.served_name or (BUILTIN_MODEL if options.model == BUILTIN_MODEL else path.stem)
@@ -77,7 +79,7 @@ class JaxExecutor:
                              max_batch=options.max_batch, kv_dtype=options.kv_dtype)
         scheduler = Scheduler(BlockAllocator(num_blocks), block_size=options.block_size,
                               max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
-                              prefix_cache=self.prefix_cache)
+                              prefix_cache=self.prefix_cache, batching=self.batching)
         log.info("model_loaded", model=self.model.id, path=str(self.path), layers=config.n_layers,
                  kv_blocks=num_blocks, kv_dtype=options.kv_dtype, block_size=options.block_size,
                  max_model_len=max_len)
@@ -166,4 +168,4 @@ class JaxExecutor:
 
 def build_jax(options: JaxOptions, context: BuildContext) -> JaxExecutor:
     """A Llama-family GGUF model in JAX with continuous batching and a paged KV cache."""
-    return JaxExecutor(options, context.prefix_cache)
+    return JaxExecutor(options, context.prefix_cache, context.batching)

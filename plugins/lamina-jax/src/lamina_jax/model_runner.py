@@ -1,8 +1,9 @@
 """Device side of the engine: the jitted prefill and decode steps with sampling, in shape buckets.
 
 Every call is padded to a bucket so that a steady workload compiles a bounded set of shapes
-once and never again: prefill token counts and block-table lengths to powers of two, decode
-batches to powers of two up to ``max_batch``, and the number of top logprobs to 0 or
+once and never again: prefill token counts, block-table lengths and the number of sequences
+prefilled together (their chunks packed into one call) to powers of two, decode batches to
+powers of two up to ``max_batch``, and the number of top logprobs to 0 or
 ``MAX_TOP_LOGPROBS``; a decode batch whose rows are all greedy has its own, cheaper variant.
 Sampling runs inside the same jitted call as the model, so only the chosen tokens and their
 logprobs travel back to the host.
@@ -21,9 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from lamina_jax.model.config import LlamaConfig
-from lamina_jax.model.llama import KVCache, KVDtype, LlamaParams, decode, init_cache, prefill
+from lamina_jax.model.llama import KVCache, KVDtype, LlamaParams, decode, init_cache, prefill_packed
 from lamina_jax.sampling import SampleResult, SamplingBatch, sample
-from lamina_jax.scheduler import Sequence
+from lamina_jax.scheduler import PrefillWork, Sequence
 
 MAX_TOP_LOGPROBS = 20
 """The most alternatives a request may ask for (OpenAI's limit)."""
@@ -48,11 +49,13 @@ class SampledRow:
 
 
 @functools.partial(jax.jit, static_argnames=("config", "num_top"), donate_argnames=("cache",))
-def _prefill_and_sample(params: LlamaParams, cache: KVCache, tokens: jax.Array, true_len: jax.Array,
-                        table: jax.Array, start: jax.Array, batch: SamplingBatch, *, config: LlamaConfig,
+def _prefill_and_sample(params: LlamaParams, cache: KVCache, tokens: jax.Array, positions: jax.Array,
+                        rows: jax.Array, table: jax.Array, table_rows: jax.Array, starts: jax.Array,
+                        last: jax.Array, batch: SamplingBatch, *, config: LlamaConfig,
                         num_top: int) -> tuple[SampleResult, KVCache]:
-    logits, cache = prefill(params, cache, tokens, true_len, table, start, config=config)
-    return sample(logits[None], batch, num_top=num_top, max_top_k=SORT_CAP), cache
+    logits, cache = prefill_packed(params, cache, tokens, positions, rows, table, table_rows, starts, last,
+                                   config=config)
+    return sample(logits, batch, num_top=num_top, max_top_k=SORT_CAP), cache
 
 
 @functools.partial(jax.jit, static_argnames=("config", "num_top", "all_greedy"), donate_argnames=("cache",))
@@ -64,7 +67,7 @@ def _decode_and_sample(params: LlamaParams, cache: KVCache, tokens: jax.Array, t
 
 
 class ModelRunner:
-    """Holds the weights and the KV block pools; runs one prefill chunk or one decode batch."""
+    """Holds the weights and the KV block pools; runs packed prefill chunks or one decode batch."""
 
     def __init__(self, params: LlamaParams, config: LlamaConfig, *, num_blocks: int, block_size: int,
                  max_batch: int, kv_dtype: KVDtype = "float32") -> None:
@@ -96,18 +99,28 @@ class ModelRunner:
         batch = SamplingBatch(temperature=temperature, top_k=top_k, top_p=top_p, keys=keys, steps=steps)
         return batch, MAX_TOP_LOGPROBS if wants_top else 0
 
-    def prefill(self, seq: Sequence, start: int, tokens: Seq[int], *, sample: bool) -> SampledRow | None:
-        """Compute K/V for ``tokens`` at positions ``start``…; sample the next token if ``sample``."""
-        padded = np.zeros(bucket(len(tokens), 16), np.int32)
-        padded[: len(tokens)] = tokens
-        table = np.zeros(bucket(len(seq.blocks), 4), np.int32)
-        table[: len(seq.blocks)] = seq.blocks
-        batch, num_top = self._sampling([seq])
+    def prefill(self, works: Seq[PrefillWork]) -> list[SampledRow | None]:
+        """Compute K/V for the chunks of ``works`` in one packed call; sample the next token of each
+        work that completes its prompt (``None`` for the others)."""
+        tokens = np.zeros(bucket(sum(len(w.tokens) for w in works), 16), np.int32)
+        positions, rows = np.zeros_like(tokens), np.full_like(tokens, -1)
+        table = np.zeros(bucket(sum(len(w.seq.blocks) for w in works), 4), np.int32)
+        table_rows = np.full_like(table, -1)
+        starts, last = np.zeros(bucket(len(works)), np.int32), np.zeros(bucket(len(works)), np.int32)
+        t = b = 0
+        for i, work in enumerate(works):
+            n, blocks = len(work.tokens), work.seq.blocks
+            tokens[t: t + n], rows[t: t + n] = work.tokens, i
+            positions[t: t + n] = np.arange(work.start, work.start + n)
+            table[b: b + len(blocks)], table_rows[b: b + len(blocks)], starts[i] = blocks, i, b
+            last[i] = t + n - 1
+            t, b = t + n, b + len(blocks)
+        batch, num_top = self._sampling([*(w.seq for w in works), *[None] * (len(starts) - len(works))])
         result, self.cache = _prefill_and_sample(
-            self.params, self.cache, padded, np.int32(len(tokens)), table, np.int32(start), batch,
+            self.params, self.cache, tokens, positions, rows, table, table_rows, starts, last, batch,
             config=self.config, num_top=num_top,
         )
-        return self._rows(result, 1)[0] if sample else None
+        return [row if work.last else None for row, work in zip(self._rows(result, len(works)), works, strict=True)]
 
     def decode(self, seqs: Seq[Sequence]) -> list[SampledRow]:
         """One token for each sequence (its last token is the input)."""

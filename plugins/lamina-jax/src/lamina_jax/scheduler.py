@@ -6,6 +6,13 @@ so a long prompt delays running streams by one chunk per step, never by the whol
 New sequences join the running batch as soon as their prompt is in the cache; finished and
 aborted ones leave at once and free their blocks.
 
+With a batching policy (the stack's ``[batching]``), the step may instead prefill up to
+``policy.max_prefills`` waiting sequences in order, packed into one call, within the same
+``prefill_chunk`` tokens: every one but the last is prefilled whole. Before starting new
+sequences the scheduler asks ``policy.wait_s``: while it is positive, no new prefill starts
+(one already half done continues) and ``hold_s`` says for how long; running sequences keep
+decoding meanwhile. The engine reports each step's first-token latency back to the policy.
+
 KV blocks are taken as sequences grow. When a running sequence needs a block and none is
 free, the most recently admitted running sequence is preempted: its blocks are freed and
 it goes back to the front of the queue, to be recomputed (prompt plus what it already
@@ -20,6 +27,8 @@ When the allocator runs dry, the cache gives up least-recently-used unpinned blo
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,9 +36,12 @@ from typing import Any
 
 import attrs
 
-from lamina_hookspecs.protocols import PrefixCache
-from lamina_hookspecs.types import PrefixMatch, SamplingParams
+from lamina_hookspecs.protocols import BatchingPolicy, PrefixCache
+from lamina_hookspecs.types import PrefixMatch, SamplingParams, SchedulerState
 from lamina_jax.kv_cache import BlockAllocator, blocks_for
+
+ARRIVAL_WINDOW_S = 2.0
+"""Time constant of the arrival-rate moving average that batching policies see."""
 
 
 @attrs.define(eq=False)
@@ -83,9 +95,9 @@ class PrefillWork:
 
 @attrs.frozen
 class Step:
-    """What one engine step runs."""
+    """What one engine step runs: prefill chunks (one call) and a decode batch."""
 
-    prefill: PrefillWork | None
+    prefills: list[PrefillWork]
     decode: list[Sequence]
 
 
@@ -93,18 +105,38 @@ class Scheduler:
     """Owns the queue, the running batch and the block allocator; runs on the engine thread."""
 
     def __init__(self, allocator: BlockAllocator, *, block_size: int, max_batch: int, prefill_chunk: int,
-                 prefix_cache: PrefixCache | None = None) -> None:
+                 prefix_cache: PrefixCache | None = None, batching: BatchingPolicy | None = None) -> None:
         self.allocator = allocator
         self.prefix_cache = prefix_cache
+        self.batching = batching
         self.block_size = block_size
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.hold_s = 0.0  # how long the policy held new prefills at the last schedule (0: not held)
+        self._arrivals = (0.0, 0.0)  # (when, decayed arrivals per second) at the last add
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        self._arrivals = (seq.submitted_at, self.arrival_rate(seq.submitted_at) + 1 / ARRIVAL_WINDOW_S)
+
+    def arrival_rate(self, now: float) -> float:
+        """Arrivals per second, exponentially averaged over ``ARRIVAL_WINDOW_S`` and decayed to ``now``."""
+        when, rate = self._arrivals
+        return rate * math.exp(-max(now - when, 0.0) / ARRIVAL_WINDOW_S)
+
+    def state(self, now: float) -> SchedulerState:
+        """What the batching policy sees at ``now``."""
+        oldest = now - self.waiting[0].submitted_at if self.waiting else 0.0
+        return SchedulerState(now=now, waiting=len(self.waiting), running=len(self.running), max_batch=self.max_batch,
+                              oldest_wait_s=max(oldest, 0.0), arrival_rate=self.arrival_rate(now))
+
+    def observe(self, latency_s: float, now: float) -> None:
+        """Tell the batching policy the longest time to first token of a step's new sequences."""
+        if self.batching is not None:
+            self.batching.observe(latency_s, self.state(now))
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -118,9 +150,11 @@ class Scheduler:
                 return True
         return False
 
-    def schedule(self) -> Step:
+    def schedule(self, now: float | None = None) -> Step:
+        """The next step; ``now`` (default: the monotonic clock) is the time the policy sees."""
         decode = self._reserve_decode_blocks()
-        return Step(prefill=self._next_prefill(len(decode)), decode=decode)
+        now = time.monotonic() if now is None else now
+        return Step(prefills=self._next_prefills(len(decode), now), decode=decode)
 
     def finish_prefill(self, work: PrefillWork) -> None:
         """Record a prefilled chunk; a sequence whose prompt is complete joins the running batch."""
@@ -207,13 +241,36 @@ class Scheduler:
         if not seq.output_ids:
             seq.cached_tokens = usable
 
-    def _next_prefill(self, num_decoding: int) -> PrefillWork | None:
-        if not self.waiting or num_decoding >= self.max_batch:
-            return None
-        seq = self.waiting[0]
+    def _next_prefills(self, num_decoding: int, now: float) -> list[PrefillWork]:
+        self.hold_s = 0.0
+        room = self.max_batch - num_decoding
+        if not self.waiting or room <= 0:
+            return []
+        limit = 1
+        if self.batching is not None:
+            state = self.state(now)
+            if not self.waiting[0].blocks:  # no prefill under way: the policy may hold new ones
+                self.hold_s = self.batching.wait_s(state)
+                if self.hold_s > 0:
+                    return []
+            limit = self.batching.max_prefills(state)
+        works: list[PrefillWork] = []
+        budget = self.prefill_chunk
+        for seq in itertools.islice(self.waiting, min(limit, room)):
+            work = self._chunk(seq, budget)
+            if work is None:
+                break
+            works.append(work)
+            budget -= len(work.tokens)
+            if budget <= 0:  # the last work may be a partial chunk; the others are whole
+                break
+        return works
+
+    def _chunk(self, seq: Sequence, budget: int) -> PrefillWork | None:
+        """The next chunk of ``seq``, at most ``budget`` tokens; ``None`` if memory is short."""
         self._reuse_cached_prefix(seq)
         start = seq.num_computed
-        end = min(start + self.prefill_chunk, seq.prefill_target)
+        end = min(start + budget, seq.prefill_target)
         if not self._grow(seq, end):
             return None
         return PrefillWork(seq=seq, start=start, tokens=seq.tokens[start:end], last=end == seq.prefill_target)

@@ -11,8 +11,9 @@ Conventions:
 - The KV cache is paged: per layer one K and one V buffer ``[num_blocks, block_size, n_kv_heads,
   head_dim]``. A sequence owns a list of blocks (its *block table*); position ``p`` lives in block
   ``table[p // block_size]`` at offset ``p % block_size``. Blocks can be shared by sequences with a
-  common prefix. ``prefill`` and ``decode`` donate the cache, so XLA updates it in place; layers are
-  unrolled in Python rather than run under ``lax.scan``, which would copy the buffers every step.
+  common prefix. ``prefill``, ``prefill_packed`` and ``decode`` donate the cache, so XLA updates it
+  in place; layers are unrolled in Python rather than run under ``lax.scan``, which would copy the
+  buffers every step.
 - Attention reads ``len(table) * block_size`` positions: the caller pads block tables to a bucket (a
   power of two, say) just above the longest context in the call, so short contexts don't read the
   whole cache and shapes stay few. Padding entries may name any block: positions past a sequence's
@@ -239,6 +240,25 @@ def forward(params: LlamaParams, tokens: jax.Array, *, config: LlamaConfig) -> j
     return _logits(params, x[0], config)
 
 
+def _prefill_layers(params: LlamaParams, cache: KVCache, tokens: jax.Array, positions: jax.Array,
+                    write_blocks: jax.Array, table: jax.Array, mask: jax.Array,
+                    config: LlamaConfig) -> tuple[jax.Array, KVCache]:
+    """Hidden states ``[T, dim]`` of prompt tokens at ``positions [T]``, their K/V written to
+    ``write_blocks [T]``; each attends to the positions of ``table [n]`` that ``mask [T, n * block_size]``
+    allows."""
+    offsets = positions % cache.block_size
+    x = params.embed[tokens][None].astype(jnp.float32)
+    pools = []
+    for i, layer in enumerate(params.layers):
+        q, k, v = _qkv(layer, x, positions[None], config)
+        k_pool, k_scale = _write(cache.k[i], _scale(cache.k_scale, i), k[0], write_blocks, offsets)
+        v_pool, v_scale = _write(cache.v[i], _scale(cache.v_scale, i), v[0], write_blocks, offsets)
+        keys, values = _read(k_pool, k_scale, table[None]), _read(v_pool, v_scale, table[None])
+        x = _finish_block(layer, x, _attend(q, keys, values, mask[None]), config)
+        pools.append((k_pool, v_pool, k_scale, v_scale))
+    return x[0], _rebuild(pools)
+
+
 @functools.partial(jax.jit, static_argnames=("config", "all_logits"), donate_argnames=("cache",))
 def prefill(
     params: LlamaParams,
@@ -265,19 +285,46 @@ def prefill(
     index = jnp.arange(tokens.shape[0])
     positions = start_pos + index
     write_blocks = jnp.where(index < true_len, block_table[positions // size], cache.num_blocks)
-    offsets = positions % size
     mask = jnp.arange(block_table.shape[0] * size)[None, :] <= positions[:, None]
-    x = params.embed[tokens][None].astype(jnp.float32)
-    pools = []
-    for i, layer in enumerate(params.layers):
-        q, k, v = _qkv(layer, x, positions[None], config)
-        k_pool, k_scale = _write(cache.k[i], _scale(cache.k_scale, i), k[0], write_blocks, offsets)
-        v_pool, v_scale = _write(cache.v[i], _scale(cache.v_scale, i), v[0], write_blocks, offsets)
-        keys, values = _read(k_pool, k_scale, block_table[None]), _read(v_pool, v_scale, block_table[None])
-        x = _finish_block(layer, x, _attend(q, keys, values, mask[None]), config)
-        pools.append((k_pool, v_pool, k_scale, v_scale))
-    hidden = x[0] if all_logits else x[0, true_len - 1]
-    return _logits(params, hidden, config), _rebuild(pools)
+    hidden, cache = _prefill_layers(params, cache, tokens, positions, write_blocks, block_table, mask, config)
+    return _logits(params, hidden if all_logits else hidden[true_len - 1], config), cache
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
+def prefill_packed(
+    params: LlamaParams,
+    cache: KVCache,
+    tokens: jax.Array,
+    positions: jax.Array,
+    rows: jax.Array,
+    table: jax.Array,
+    table_rows: jax.Array,
+    starts: jax.Array,
+    last: jax.Array,
+    *,
+    config: LlamaConfig,
+) -> tuple[jax.Array, KVCache]:
+    """Prompt chunks of several sequences in one call, their tokens packed one after another, so
+    the weights are read once for all of them (a few short prompts cost little more than one).
+
+    :param tokens: ``[T]`` the chunks' token ids, one chunk after another, then padding.
+    :param positions: ``[T]`` each token's position in its own sequence.
+    :param rows: ``[T]`` the sequence (``0..S-1``) each token belongs to; ``-1`` for padding, which
+        writes nothing.
+    :param table: ``[n]`` the sequences' block tables one after another, then padding entries; each
+        covers its sequence up to the end of its chunk.
+    :param table_rows: ``[n]`` the sequence each entry of ``table`` belongs to (``-1``: padding).
+    :param starts: ``[S]`` where each sequence's block table begins in ``table``.
+    :param last: ``[S]`` the index in ``tokens`` of each sequence's last chunk token.
+    :return: logits ``[S, vocab]`` at ``last`` and the updated cache (the input cache is donated).
+    """
+    size = cache.block_size
+    key_rows = jnp.repeat(table_rows, size)
+    key_pos = jnp.arange(table.shape[0] * size) - jnp.repeat(starts[table_rows] * size, size)
+    mask = (key_rows[None, :] == rows[:, None]) & (key_pos[None, :] <= positions[:, None])
+    write_blocks = jnp.where(rows >= 0, table[starts[rows] + positions // size], cache.num_blocks)
+    hidden, cache = _prefill_layers(params, cache, tokens, positions, write_blocks, table, mask, config)
+    return _logits(params, hidden[last], config), cache
 
 
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
