@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections import deque
 
@@ -22,18 +21,11 @@ from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import LaminaError
 from lamina_hookspecs.protocols import Autoscaler
 from lamina_hookspecs.types import FinishReason, PoolSnapshot, RequestContext, ScaleDecision
-from lamina.canary import CanaryConfig, Verdict, judge
+from lamina.canary import CanaryConfig, Verdict, judge, p95
 from lamina.replicas import ReplicaSet
 from lamina.stack_config import ReplicasConfig
 
 log = structlog.get_logger(__name__)
-
-
-def p95(values: list[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
 
 class TrafficWindow:

@@ -56,7 +56,8 @@ class Verdict:
     reason: str
 
 
-def _p95(values: Sequence[float]) -> float | None:
+def p95(values: Sequence[float]) -> float | None:
+    """The 95th percentile (nearest rank) of ``values``; ``None`` for none."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)] if ordered else None
 
@@ -69,8 +70,8 @@ def judge(config: CanaryConfig, canary: Sequence[tuple[bool, float | None]],
     if len(canary) < config.min_requests or not stable:
         return None
     errors = sum(e for e, _ in canary) / len(canary) - sum(e for e, _ in stable) / len(stable)
-    canary_p95 = _p95([t for _, t in canary if t is not None])
-    stable_p95 = _p95([t for _, t in stable if t is not None])
+    canary_p95 = p95([t for _, t in canary if t is not None])
+    stable_p95 = p95([t for _, t in stable if t is not None])
     ratio = canary_p95 / stable_p95 if canary_p95 is not None and stable_p95 else 1.0
     figures = (f"5xx share {errors:+.2%} vs stable (limit +{config.max_error_rate_increase:.2%}), "
                f"TTFT p95 x{ratio:.2f} (limit x{config.max_ttft_p95_ratio:g}) over {len(canary)} requests")
