@@ -3,11 +3,15 @@ self-healing restarts, and what the snapshot and metrics say."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
 
 import httpx
+from lamina.bench.servers import free_port
+from lamina.replicas import LocalHandle, LocalProcesses
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.registration import Register
 from lamina_hookspecs.types import PoolSnapshot, ScaleDecision
@@ -104,6 +108,92 @@ def test_a_replica_over_the_5xx_threshold_is_restarted_but_never_the_last(live: 
     time.sleep(1.0)  # five ticks
     assert replicas.actions["restart", "heal"] == 1
     replicas.workers[1].draining = False
+
+
+def test_an_unhealthy_pool_degrades_to_the_fallback_model_then_restores(
+        live: Any, lamina_logs: list[dict[str, Any]]) -> None:
+    small = live({"executor": {"use": "echo", "model": "small"}, "replicas": {"count": 1}})
+    server = live({"executor": {"use": "echo", "model": "big"},
+                   "replicas": {"count": 1, "autoscale_interval_s": 0.2, "heal_error_rate": 0.05,
+                                "heal_min_requests": 5, "fallback_model": "small", "fallback_probe_share": 0.5},
+                   "backends": [{"name": "small-0", "address": small.stack.replicas.workers[0].address}]})
+    pool, replicas = server.stack.pool, server.stack.replicas
+    body = {**SLOW, "model": "big", "max_tokens": 2}
+    assert httpx.post(f"{server.url}/v1/completions", json=body).json()["model"] == "big"
+    old_pid = replicas.workers[0].handle.process.pid
+    pool.traffic.outcomes.extend([(time.monotonic(), "replica-0", True)] * 4
+                                 + [(time.monotonic(), "replica-0", False)] * 6)
+    wait_for(lambda: pool.degraded_at is not None)
+    models = []
+    while replicas.workers[0].handle.process.pid == old_pid or not replicas.serving:
+        reply = httpx.post(f"{server.url}/v1/completions", json=body)  # served while the only replica restarts
+        assert reply.status_code == 200, reply.text
+        models.append(reply.json()["model"])
+    assert replicas.actions["restart", "heal"] == 1, "with a fallback in place even the last replica restarts"
+    assert "small" in models and pool.degraded_at is not None
+    probes = 0
+    while pool.degraded_at is not None:
+        reply = httpx.post(f"{server.url}/v1/completions", json=body)
+        assert reply.status_code == 200, reply.text
+        probes += reply.json()["model"] == "big"
+        assert probes < 40, "restored after heal_min_requests good probe requests"
+    assert probes >= 5
+    assert all(httpx.post(f"{server.url}/v1/completions", json=body).json()["model"] == "big" for _ in range(5))
+    metrics = httpx.get(f"{server.url}/metrics").text
+    for action in ("degrade", "restore", "restart"):
+        assert f'lamina_replica_actions_total{{action="{action}",reason="heal"}} 1.0' in metrics
+    degraded = next(e for e in lamina_logs if e["event"] == "pool_degraded")
+    assert degraded["fallback_model"] == "small" and "replica-0: 5xx rate 36%" in degraded["reason"]
+    assert "probe requests" in next(e for e in lamina_logs if e["event"] == "pool_restored")["reason"]
+
+
+class DiesAtLaunch:
+    """Local worker processes, except that the launches numbered in ``dying`` start a process
+    that exits at once (a worker that crashes while loading its model)."""
+
+    dying: set[int] = set()
+
+    def __init__(self) -> None:
+        self.local, self.launched = LocalProcesses("127.0.0.1", 0), 0
+
+    def launch(self, name: str, worker_stack: Any) -> Any:
+        self.launched += 1
+        if self.launched in DiesAtLaunch.dying:
+            process = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(0.3); sys.exit(3)"])
+            return LocalHandle(process, f"127.0.0.1:{free_port()}")
+        return self.local.launch(name, worker_stack)
+
+    def close(self) -> None:
+        self.local.close()
+
+
+class DiesAtLaunchPlugin:
+    @hookimpl
+    def lamina_register_replica_providers(self, register: Register) -> None:
+        register("dies-at-launch", lambda options, context: DiesAtLaunch())
+
+
+def test_a_worker_dying_while_it_starts_is_noticed_at_once_and_started_again(
+        live: Any, lamina_logs: list[dict[str, Any]]) -> None:
+    Scripted.target, DiesAtLaunch.dying = 1, {2, 4}
+    server = live({"executor": {"use": "echo"}, "autoscaler": {"use": "scripted"},
+                   "replicas": {"count": 1, "autoscale_interval_s": 0.2, "restart_backoff_s": 0.1,
+                                "heal_error_rate": 0.05, "heal_min_requests": 5, "provider": "dies-at-launch"}},
+                  ("scripted", ScriptedPlugin()), ("dies", DiesAtLaunchPlugin()))
+    replicas = server.stack.replicas
+    Scripted.target = 2  # launch 2 dies: dropped, and the autoscaler's next tick asks again (launch 3)
+    began = time.monotonic()
+    wait_for(lambda: len(replicas.serving) == 2)
+    failed = [e for e in lamina_logs if e["event"] == "replica_start_failed"]
+    assert len(failed) == 1 and "status 3" in failed[0]["error"] and not failed[0]["retry"]
+    assert time.monotonic() - began < 20, "not after start_timeout_s (600 s)"
+    server.stack.pool.traffic.outcomes.extend([(time.monotonic(), "replica-0", True)] * 5)
+    # the heal restart's launch (4) dies: it is tried again after the back-off
+    wait_for(lambda: replicas.workers[0].restarts == 1 and replicas.workers[0].ready
+             and len(replicas.serving) == 2)
+    failed = [e for e in lamina_logs if e["event"] == "replica_start_failed"]
+    assert len(failed) == 2 and failed[1]["retry"] and failed[1]["replica"] == "replica-0"
+    assert httpx.post(f"{server.url}/v1/completions", json={**SLOW, "max_tokens": 2}).status_code == 200
 
 
 def _canary_stack(canary_executor: dict[str, Any]) -> dict[str, Any]:

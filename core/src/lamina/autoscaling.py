@@ -1,11 +1,15 @@
 """The live pool's control loop: every ``[replicas] autoscale_interval_s`` a :class:`PoolSnapshot`
 goes to the stack's autoscaler and its decision to the replica provider; replicas whose 5xx
-rate is too high are restarted one at a time (self-healing).
+rate is too high are restarted one at a time (self-healing). With ``fallback_model`` the pool
+also degrades a dependency while it heals: its requests go to the fallback model's backends
+(all of them while no replica serves, else all but ``fallback_probe_share``), until the
+replicas are back and ``heal_min_requests`` probe requests since the degrade came in under the
+5xx threshold. A fallback in place also lets the last replica restart (nothing is left unserved).
 
 :class:`TrafficWindow` is a lifecycle observer that counts what the snapshot needs: arrivals,
 TTFTs, time per output token (the inter-token latency of each finished request, averaged),
-and each request's outcome per backend. Every action (scale up, drain, restart) is logged
-with its reason and counted in ``lamina_replica_actions_total``.
+and each request's outcome per backend. Every action (scale up, drain, restart, degrade,
+restore) is logged with its reason and counted in ``lamina_replica_actions_total``.
 """
 
 from __future__ import annotations
@@ -82,12 +86,15 @@ class TrafficWindow:
         self.ttfts, self.tpots, self.since = [], [], now
         return snapshot
 
-    def error_rates(self, now: float) -> dict[str, tuple[int, float]]:
-        """Per backend over the healing window: (requests, share that failed with a 5xx)."""
+    def error_rates(self, now: float, since: float | None = None) -> dict[str, tuple[int, float]]:
+        """Per backend over the healing window (or from ``since`` on, within it): (requests,
+        share that failed with a 5xx)."""
         while self.outcomes and self.outcomes[0][0] < now - self.heal_window_s:
             self.outcomes.popleft()
         counts: dict[str, list[int]] = {}
-        for _, backend, failed in self.outcomes:
+        for at, backend, failed in self.outcomes:
+            if since is not None and at < since:
+                continue
             entry = counts.setdefault(backend, [0, 0])
             entry[0] += 1
             entry[1] += failed
@@ -108,6 +115,8 @@ class PoolController:
         self.last: ScaleDecision | None = None
         self.canary_ready_at: float | None = None
         self.canary_verdict: Verdict | None = None
+        self.degraded_at: float | None = None
+        """Since when the pool's requests go to ``fallback_model``; None while not degraded."""
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -162,18 +171,46 @@ class PoolController:
 
     def heal(self, now: float) -> None:
         """Restart (drain first) the worst replica over the 5xx threshold, one at a time and never
-        the last serving one."""
+        the last serving one unless a fallback pool takes over meanwhile; degrade to and restore
+        from the fallback."""
         threshold = self.config.heal_error_rate
-        serving = self.replicas.serving
-        if threshold is None or len(serving) < 2 or any(w.draining for w in self.replicas.workers):
+        if threshold is None:
             return
+        serving = self.replicas.serving
         rates = self.traffic.error_rates(now)
         failing = [(rates[w.name][1], w) for w in serving
                    if w.name in rates and rates[w.name][0] >= self.config.heal_min_requests
                    and rates[w.name][1] > threshold]
+        busy = any(w.draining or not w.ready for w in self.replicas.workers if not w.canary)
+        reason = ""
         if failing:
             rate, worker = max(failing, key=lambda pair: pair[0])
-            reason = f"5xx rate {rate:.0%} over {self.config.heal_window_s:g}s > {threshold:.0%}"
+            reason = f"{worker.name}: 5xx rate {rate:.0%} over {self.config.heal_window_s:g}s > {threshold:.0%}"
+        if self.config.fallback_model is not None:
+            self._degrade_or_restore(now, reason, busy)
+        if failing and not busy and (len(serving) >= 2 or self.degraded_at is not None):
             log.warning("replica_unhealthy", replica=worker.name, reason=reason)
             self.traffic.forget(worker.name)
             self.replicas.restart(worker, reason="heal")
+
+    def _degrade_or_restore(self, now: float, failing: str, busy: bool) -> None:
+        fallback = self.config.fallback_model
+        if self.degraded_at is None:
+            if failing:
+                self.degraded_at = now
+                self.replicas.actions["degrade", "heal"] += 1
+                log.warning("pool_degraded", fallback_model=fallback, reason=failing)
+            return
+        pool = {w.name for w in self.replicas.workers if not w.canary}
+        probes = [(n, rate) for name, (n, rate) in self.traffic.error_rates(now, self.degraded_at).items()
+                  if name in pool]
+        served = sum(n for n, _ in probes)
+        rate = sum(n * rate for n, rate in probes) / served if served else 0.0
+        assert self.config.heal_error_rate is not None
+        if failing or busy or not self.replicas.serving or served < self.config.heal_min_requests \
+                or rate > self.config.heal_error_rate:
+            return
+        self.degraded_at = None
+        self.replicas.actions["restore", "heal"] += 1
+        log.warning("pool_restored", fallback_model=fallback,
+                    reason=f"{served} probe requests, 5xx rate {rate:.0%} <= {self.config.heal_error_rate:.0%}")

@@ -46,7 +46,7 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
         try:
             pm.hook.lamina_admit(ctx=ctx, body=body)
             structlog.contextvars.bind_contextvars(tenant=ctx.tenant, arm=arm_label(ctx.arms))
-            ctx.request = request = stack.apply_route_tree(ctx, parse(body))
+            ctx.request = request = stack.apply_fallback(ctx, stack.apply_route_tree(ctx, parse(body)))
             served = {executor.model.id for executor in stack.backends.values()}
             if request.model not in served:
                 raise NotFoundError(f"model {request.model!r} is not served here; available: "

@@ -13,8 +13,10 @@ another backend by the pipeline.
 :meth:`ReplicaSet.scale_to` grows the pool by spawning workers and shrinks it by draining:
 a draining replica takes no new requests (routers see ``draining``), finishes those it has
 (for up to ``drain_timeout_s``), then stops. :meth:`ReplicaSet.restart` drains one replica and
-starts it again (self-healing). Workers get the executor's part of the stack
-(``WORKER_SECTIONS``) as a JSON file.
+starts it again (self-healing). A process that exits before it is ready is noticed within
+``WATCH_S`` (not after ``start_timeout_s``); a restart that fails that way is tried again after
+the crash back-off. Workers get the executor's part of the stack (``WORKER_SECTIONS``) as a
+JSON file.
 """
 
 from __future__ import annotations
@@ -135,7 +137,9 @@ class ReplicaSet:
         self.workers: list[Worker] = []
         self.cold_starts_s: deque[float] = deque(maxlen=COLD_STARTS_KEPT)
         self.actions: Counter[tuple[str, str]] = Counter()
-        """(action, reason) → times taken: spawn, drain, restart; for metrics."""
+        """(action, reason) → times taken: spawn, drain, restart, degrade, restore; for metrics."""
+        self.model: str | None = None
+        """The model the stable replicas serve, once one was ready (kept while all restart)."""
         self._next = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -160,7 +164,7 @@ class ReplicaSet:
         self.workers.append(worker)
         self.actions["spawn", "canary"] += 1
         log.info("canary_starting", tables=sorted(tables))
-        self._spawn_task(self._bring_up(worker, give_up=True))
+        self._spawn_task(self._bring_up(worker, on_failure="drop"))
 
     def end_canary(self, promote: bool) -> None:
         """Promote the canary (its stack becomes the pool's; stable replicas restart one at a
@@ -200,7 +204,7 @@ class ReplicaSet:
         """Start workers or drain some until ``target`` are serving or starting."""
         active = self.serving + self.starting
         for _ in range(target - len(active)):
-            self._spawn_task(self._bring_up(self._new(reason or "scale_up"), give_up=True))
+            self._spawn_task(self._bring_up(self._new(reason or "scale_up"), on_failure="drop"))
         surplus = len(active) - target
         if surplus > 0:
             named = [w for w in self.serving if w.name in drain]
@@ -220,34 +224,54 @@ class ReplicaSet:
         log.info("replica_starting", replica=worker.name, reason=reason)
         return worker
 
-    async def _bring_up(self, worker: Worker, *, give_up: bool = False) -> None:
+    async def _bring_up(self, worker: Worker, *, on_failure: str = "raise") -> None:
         """Launch the worker's process, wait until it serves, put it in the backends. A worker
-        that fails to start raises, or with ``give_up`` is logged and dropped (the autoscaler
-        asks again at its next interval)."""
-        if not give_up:
-            await self._launch(worker)
-            return
+        that fails to start raises (``on_failure="raise"``), or is logged and then dropped
+        (``"drop"``: the autoscaler asks again at its next interval) or restarted after the
+        crash back-off (``"retry"``: a replica being restarted keeps its slot)."""
         try:
             await self._launch(worker)
-        except Exception:
-            log.exception("replica_start_failed", replica=worker.name)
+        except Exception as exc:
+            if on_failure == "raise":
+                raise
+            log.error("replica_start_failed", replica=worker.name, error=str(exc), retry=on_failure == "retry")
             if worker.handle is not None:
                 await asyncio.to_thread(worker.handle.stop)
-            self.workers.remove(worker)
+            if on_failure == "drop":
+                self.workers.remove(worker)
+            else:
+                self._schedule_restart(worker, time.monotonic())
 
     async def _launch(self, worker: Worker) -> None:
         worker.started_at = time.monotonic()
         worker.handle = await asyncio.to_thread(self.provider.launch, worker.name, worker.stack or self.stack)
         previous, worker.executor = worker.executor, RemoteExecutor(
             worker.name, worker.handle.address, connect_timeout_s=self.config.start_timeout_s)
-        await worker.executor.start()
+        await self._until_ready(worker)
         if previous is not None:
             await previous.stop()
         self.cold_starts_s.append(time.monotonic() - worker.started_at)
         worker.ready = True
+        if not worker.canary:
+            self.model = worker.executor.model.id
         self.backends[worker.name] = worker.executor
         log.info("replica_ready", replica=worker.name, address=worker.address,
                  cold_start_s=round(self.cold_starts_s[-1], 2))
+
+    async def _until_ready(self, worker: Worker) -> None:
+        """Start the worker's backend, watching its process meanwhile: one that exits fails the
+        start at once instead of after ``start_timeout_s``."""
+        assert worker.handle is not None and worker.executor is not None
+        starting = asyncio.ensure_future(worker.executor.start())
+        while not (await asyncio.wait({starting}, timeout=WATCH_S))[0]:
+            status = worker.handle.exited()
+            if status is not None:
+                starting.cancel()
+                with contextlib.suppress(BaseException):
+                    await starting
+                await worker.executor.stop()
+                raise RuntimeError(f"worker process exited with status {status} before it was ready")
+        starting.result()
 
     async def _retire(self, worker: Worker, reason: str, *, restart: bool = False) -> None:
         worker.draining = True
@@ -263,7 +287,7 @@ class ReplicaSet:
             await asyncio.to_thread(worker.handle.stop)
         if restart:
             worker.draining = worker.ready = False
-            await self._bring_up(worker)
+            await self._bring_up(worker, on_failure="retry")
             return
         if worker.executor is not None:
             await worker.executor.stop()
@@ -283,17 +307,15 @@ class ReplicaSet:
     def check(self, now: float) -> None:
         """Notice exited workers and restart those whose back-off is over."""
         for worker in self.workers:
-            if worker.draining or worker.handle is None or not worker.ready or worker.relaunching:
+            if worker.draining or worker.handle is None or worker.relaunching:
                 continue
-            status = worker.handle.exited()
-            if worker.restart_at is None and status is not None:
-                ran = now - worker.started_at
-                worker.crashes_in_a_row = 1 if ran >= STABLE_S else worker.crashes_in_a_row + 1
-                backoff = min(MAX_BACKOFF_S, self.config.restart_backoff_s * 2 ** (worker.crashes_in_a_row - 1))
-                worker.restart_at = now + backoff
-                self.actions["restart", "crash"] += 1
-                log.warning("replica_exited", replica=worker.name, returncode=status, ran_s=round(ran, 1),
-                            restart_in_s=backoff)
+            if worker.ready and worker.restart_at is None:
+                status = worker.handle.exited()
+                if status is not None:
+                    self.actions["restart", "crash"] += 1
+                    log.warning("replica_exited", replica=worker.name, returncode=status,
+                                ran_s=round(now - worker.started_at, 1))
+                    self._schedule_restart(worker, now)
             if worker.restart_at is not None and now >= worker.restart_at:
                 worker.restart_at = None
                 worker.restarts += 1
@@ -301,8 +323,17 @@ class ReplicaSet:
                 worker.relaunching = True
                 self._spawn_task(self._relaunch(worker))
 
+    def _schedule_restart(self, worker: Worker, now: float) -> None:
+        """Start the worker again after the back-off: doubled per failure in a row, reset by a
+        process that ran ``STABLE_S``."""
+        ran = now - worker.started_at
+        worker.crashes_in_a_row = 1 if ran >= STABLE_S else worker.crashes_in_a_row + 1
+        backoff = min(MAX_BACKOFF_S, self.config.restart_backoff_s * 2 ** (worker.crashes_in_a_row - 1))
+        worker.restart_at = now + backoff
+        log.info("replica_restart_scheduled", replica=worker.name, restart_in_s=backoff)
+
     async def _relaunch(self, worker: Worker) -> None:
         try:
-            await self._bring_up(worker)
+            await self._bring_up(worker, on_failure="retry")
         finally:
             worker.relaunching = False

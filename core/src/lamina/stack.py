@@ -131,6 +131,7 @@ class Stack:
                           for i, spec in enumerate(config.observers)]
         self._core_hooks = _CoreHooks(self)
         self._canary_picker: ArmPicker | None = None
+        self._fallback_picker: ArmPicker | None = None
         self.started = False
         self._codecs_by_type: dict[str, Codec] | None = None
 
@@ -203,6 +204,24 @@ class Stack:
         structlog.contextvars.bind_contextvars(route_leaf=leaf.name, route_features=attrs.asdict(values))
         return attrs.evolve(request, model=leaf.pool)
 
+    def apply_fallback(self, ctx: RequestContext, request: Request) -> Request:
+        """While the replica pool is degraded (see :mod:`lamina.autoscaling`), its requests go to
+        the fallback model (all of them while no replica serves, else all but the probe share);
+        the ``fallback`` arm records which."""
+        pool, replicas = self.pool, self.replicas
+        if pool is None or pool.degraded_at is None or replicas is None or request.model != replicas.model:
+            return request
+        config = self.config.replicas
+        if self._fallback_picker is None:
+            share = config.fallback_probe_share
+            self._fallback_picker = ArmPicker.from_weights("lamina.fallback", [("pool", share), ("fallback", 1 - share)])
+        arm = ctx.arms.setdefault("fallback", self._fallback_picker.pick(ctx.request_id)
+                                  if replicas.serving else "fallback")
+        if arm == "pool":
+            return request
+        assert config.fallback_model is not None
+        return attrs.evolve(request, model=config.fallback_model)
+
     def _canary_split(self, ctx: RequestContext, candidates: dict[str, Executor]) -> dict[str, Executor]:
         """While a canary serves, its share of requests (by request id) go to it alone, the rest
         to the stable replicas (all to it while no stable one is up, as during a promotion's
@@ -239,6 +258,10 @@ class Stack:
             self.pm.register(observer, name=plugin_name)
         await asyncio.gather(*(executor.start() for executor in self.backends.values()),
                              *([self.replicas.start()] if self.replicas is not None else []))
+        fallback = self.config.replicas.fallback_model
+        served = sorted({executor.model.id for executor in self.backends.values()})
+        if fallback is not None and fallback not in served:
+            raise ConfigError("replicas.fallback_model", f"no backend serves {fallback!r}; served: {', '.join(served)}")
         if self.pool is not None:
             self.pm.register(self.pool.traffic, name="lamina.pool-traffic")
             self.pool.start()
@@ -251,7 +274,8 @@ class Stack:
         await notify(self.pm, "lamina_stack_stopping", stack=self.info)
         if self.pool is not None:
             await self.pool.stop()
-            self.pm.unregister(self.pool.traffic)
+            if self.pm.is_registered(self.pool.traffic):  # not when start failed
+                self.pm.unregister(self.pool.traffic)
         if self.replicas is not None:
             await self.replicas.stop()
         for executor in self.backends.values():

@@ -123,6 +123,12 @@ class ReplicasConfig:
         "help": "the window the 5xx share is measured over"})
     heal_min_requests: int = attrs.field(default=20, validator=attrs.validators.ge(1), metadata={
         "help": "requests a replica must have served in the window before it can be judged"})
+    fallback_model: str | None = attrs.field(default=None, metadata={
+        "help": "while healing, send the pool's requests to this model's backends (a degraded dependency, "
+                "e.g. a smaller model); needs heal_error_rate"})
+    fallback_probe_share: float = attrs.field(
+        default=0.1, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)],
+        metadata={"help": "share of the pool's requests still sent to it while degraded, to see it recover"})
 
 
 @attrs.frozen(kw_only=True)
@@ -219,6 +225,9 @@ class StackConfig:
         if (replicas.count or backends) and isinstance(resolved["executor"], Split):
             raise ConfigError("ab.executor", "an executor split needs the executors in this process; "
                                              "with [replicas] or [[backends]], split the router instead")
+        if replicas.fallback_model is not None and (replicas.heal_error_rate is None or not backends):
+            raise ConfigError("replicas.fallback_model", "a fallback pool is used while unhealthy replicas heal: "
+                                                         "it needs heal_error_rate and [[backends]] serving that model")
         canary = None if "canary" not in data else _canary(_table(data["canary"], "canary"), replicas, registry)
         names = [f"replica-{i}" for i in range(replicas.count)] + [b.name for b in backends]
         if len(set(names)) < len(names):
