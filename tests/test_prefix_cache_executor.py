@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import pytest
 from lamina_hookspecs.types import Request, SamplingParams
@@ -91,3 +92,65 @@ def test_cache_on_gives_the_same_greedy_tokens_and_reuses_shared_prefixes(tiny_m
     assert cached[2] == [0], "another tenant cannot hit acme's prefixes"
     assert [-r[-1] for g in without for r in g] == [0] * 8
     assert stats["hit_tokens"] >= 6 * 36 and stats["cached_blocks"] > 0
+
+
+def run_prewarm_workload(model: Path, prewarm: bool) -> tuple[list[tuple[list[int], int]], dict[str, Any]]:
+    """Three requests sharing a 37-token system prompt, a long one-off request that needs nearly
+    all 32 KV blocks (so the cache gives up the shared prefix), a pause, then one more request
+    with the system prompt: (tokens, cached tokens) of each, and what the engine did."""
+    config: dict[str, Any] = {
+        "executor": {"use": "jax", "model": str(model), "block_size": 4, "max_batch": 4, "prefill_chunk": 16,
+                     "max_model_len": 128, "kv_cache_mb": 0.01},
+        "prefix_cache": {"use": "radix", "block_size": 4}}
+    if prewarm:
+        config["prewarm"] = {"use": "recurring", "block_size": 4, "min_tokens": 8}
+    plugins = load_plugins()
+    stack = Stack(StackConfig.from_dict(config, plugins.registry), plugins)
+    executor = stack.backends["local"]
+    rng = np.random.default_rng(11)
+    system = rng.integers(3, 200, 37).tolist()
+    greedy = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+    def request(i: int, prompt: list[int], max_tokens: int = 10) -> Request:
+        return Request(id=f"w{i}", model="tiny-llama", tenant="acme", prompt_token_ids=prompt,
+                       sampling=attrs.evolve(greedy, max_tokens=max_tokens))
+
+    async def settle(condition: Any) -> None:
+        for _ in range(200):
+            if condition():
+                return
+            await asyncio.sleep(0.02)
+
+    async def go() -> tuple[list[tuple[list[int], int]], dict[str, Any]]:
+        await stack.start()
+        engine = executor.engine
+        try:
+            out = []
+            for i in range(3):
+                out.append(await _collect_with_cached(executor, request(i, system + rng.integers(3, 200, 5).tolist())))
+            await settle(lambda: engine.scheduler.kept)
+            pinned_before = sorted(len(t) for _, t in engine.scheduler.kept)
+            out.append(await _collect_with_cached(executor, request(3, rng.integers(3, 200, 100).tolist(), 20)))
+            await settle(lambda: engine.prewarm_computed and engine.scheduler.kept)
+            out.append(await _collect_with_cached(executor, request(4, system + rng.integers(3, 200, 6).tolist())))
+            return out, {"pinned_before": pinned_before, "computed": engine.prewarm_computed}
+        finally:
+            await stack.stop()
+
+    return asyncio.run(go())
+
+
+async def _collect_with_cached(executor: Any, request: Request) -> tuple[list[int], int]:
+    chunks = [c async for c in executor.generate(request)]
+    return [t for c in chunks for t in c.token_ids], chunks[-1].usage.cached_tokens
+
+
+def test_prewarm_pins_a_recurring_prefix_and_computes_it_again_once_evicted(
+        tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("lamina_jax.engine.PREWARM_S", 0.05)
+    plain, plain_stats = run_prewarm_workload(tiny_model, prewarm=False)
+    warmed, stats = run_prewarm_workload(tiny_model, prewarm=True)
+    assert [tokens for tokens, _ in warmed] == [tokens for tokens, _ in plain], "pre-warming changes no token"
+    assert stats["pinned_before"] == [36], "the 9 whole blocks of the shared 37 tokens were pinned"
+    assert stats["computed"] == 1, "evicted for the long request, then computed again while idle"
+    assert warmed[4][1] == 36 and plain[4][1] < 36, (warmed[4][1], plain[4][1])

@@ -11,7 +11,7 @@
     max_ttft_p95_ratio = 1.2         # canary TTFT p95 / stable's
 
 One extra replica (``canary-0``) runs the stable workers' stack with the ``[canary]`` tables
-(``executor``, ``prefix_cache``, ``batching``) in their place, and gets ``share`` of the
+(``executor``, ``prefix_cache``, ``batching``, ``prewarm``) in their place, and gets ``share`` of the
 requests (their ``canary`` arm is ``"canary"``, the others' ``"stable"``, so every metric and
 log line compares them). Once it has served ``min_requests`` and ``evaluate_after_s`` passed,
 its 5xx share and TTFT p95 (after its first ``warmup_requests``) are compared with the stable replicas' over the same time: within
@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-CANARY_TABLES = ("executor", "prefix_cache", "batching")
+CANARY_TABLES = ("executor", "prefix_cache", "batching", "prewarm")
 
 
 @attrs.frozen(kw_only=True)

@@ -103,8 +103,10 @@ class Stack:
         name = config.meta.name
         self.batching = _build_arms("batching", config.layers["batching"], name)
         self.prefix_cache = _build_arms("prefix_cache", config.layers["prefix_cache"], name)
-        if len(self.batching.instances) > 1 or len(self.prefix_cache.instances) > 1:
-            raise ConfigError("ab", "splitting batching or prefix_cache needs one executor per arm (not yet supported)")
+        self.prewarm = _build_arms("prewarm", config.layers["prewarm"], name)
+        if any(len(arms.instances) > 1 for arms in (self.batching, self.prefix_cache, self.prewarm)):
+            raise ConfigError("ab", "splitting batching, prefix_cache or prewarm needs one executor per arm "
+                                    "(not yet supported)")
         self.replicas: ReplicaSet | None = None
         self.pool: PoolController | None = None
         if config.remote:  # the executor runs in workers or remote servers: see _remote_backends
@@ -114,6 +116,7 @@ class Stack:
                 "executor", config.layers["executor"], name,
                 batching=next(iter(self.batching.instances.values()), None),
                 prefix_cache=next(iter(self.prefix_cache.instances.values()), None),
+                prewarm=next(iter(self.prewarm.instances.values()), None),
             )
         self.routers = _build_arms("router", config.layers["router"], name)
         self.route_tree = None if config.route_tree is None else config.route_tree.map_routers(

@@ -34,12 +34,13 @@ DEFAULTS: dict[str, str] = {
 }
 """The implementation a required layer gets when the stack file has no section for it."""
 
-SPLITTABLE: tuple[Layer, ...] = (layers.ROUTER, layers.CODEC, layers.EXECUTOR, layers.PREFIX_CACHE, layers.BATCHING)
+SPLITTABLE: tuple[Layer, ...] = (layers.ROUTER, layers.CODEC, layers.EXECUTOR, layers.PREFIX_CACHE, layers.BATCHING,
+                                 layers.PREWARM)
 SINGLE: tuple[Layer, ...] = (layers.AUTOSCALER,)
 STICKY_KEYS = ("tenant", "user", "request")
 SECTIONS = ("stack", "server", "replicas", "canary", "backends", "route_tree", "admission", "observers", "slo", "ab",
             *(layer.key for layer in SPLITTABLE + SINGLE))
-WORKER_SECTIONS = ("stack", "executor", "prefix_cache", "batching")
+WORKER_SECTIONS = ("stack", "executor", "prefix_cache", "batching", "prewarm")
 """What a worker process (``lamina worker``) takes from its gateway's stack: the executor and
 what it is built with. Admission, routing, observers and SLOs stay with the gateway."""
 
@@ -153,7 +154,7 @@ class StackConfig:
     """A validated stack file.
 
     ``layers`` maps each layer key to a :class:`ComponentSpec`, a :class:`Split`, or
-    ``None`` for an optional layer the stack leaves out (prefix cache, batching).
+    ``None`` for an optional layer the stack leaves out (prefix cache, batching, pre-warm).
     ``observers`` are the ``[[observers]]`` lifecycle plugins switched on, ``slo`` the
     objectives whose burn rates ``/metrics`` exports. With ``replicas.count`` workers or
     ``[[backends]]`` the executor runs elsewhere and the gateway routes across them. ``raw``
@@ -298,7 +299,8 @@ def _canary(table: Mapping[str, Any], replicas: ReplicasConfig, registry: Compon
     """``[canary]``: its component tables, validated as the stack's own would be, and its rules."""
     if not replicas.count:
         raise ConfigError("canary", "a canary is one more worker replica: it needs [replicas] count >= 1")
-    kinds = {"executor": layers.EXECUTOR, "prefix_cache": layers.PREFIX_CACHE, "batching": layers.BATCHING}
+    kinds = {"executor": layers.EXECUTOR, "prefix_cache": layers.PREFIX_CACHE, "batching": layers.BATCHING,
+             "prewarm": layers.PREWARM}
     check_keys(table, [*CANARY_TABLES, *(f.name for f in attrs.fields(CanaryConfig) if f.name != "tables")],
                "canary", what="key")
     tables = {key: table[key] for key in CANARY_TABLES if key in table}

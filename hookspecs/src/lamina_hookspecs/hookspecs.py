@@ -79,8 +79,8 @@ def lamina_register_codecs(register: Register) -> None:
 @hookspec
 def lamina_register_executors(register: Register) -> None:
     """Register executors (layer 3); factories return an
-    :class:`~lamina_hookspecs.protocols.Executor` and receive the stack's prefix cache
-    and batching policy in their ``BuildContext``. Called like ``lamina_register_routers``.
+    :class:`~lamina_hookspecs.protocols.Executor` and receive the stack's prefix cache,
+    batching and pre-warm policies in their ``BuildContext``. Called like ``lamina_register_routers``.
 
     :param register: the registration callback.
     """
@@ -147,6 +147,17 @@ def lamina_register_batching_policies(register: Register) -> None:
     :class:`~lamina_hookspecs.protocols.BatchingPolicy`. A stack's ``[batching]`` policy reaches
     its executor's factory as ``BuildContext.batching``; one instance serves one executor (its
     state is that scheduler's). Called like ``lamina_register_routers``.
+
+    :param register: the registration callback.
+    """
+
+
+@hookspec
+def lamina_register_prewarm_policies(register: Register) -> None:
+    """Register pre-warm policies (layer 4) that executors with a prefix cache consult;
+    factories return a :class:`~lamina_hookspecs.protocols.PrewarmPolicy`. A stack's
+    ``[prewarm]`` policy reaches its executor's factory as ``BuildContext.prewarm``; one
+    instance serves one executor. Called like ``lamina_register_routers``.
 
     :param register: the registration callback.
     """

@@ -44,13 +44,16 @@ BREAKER = Layer(key="breaker", noun="breaker", hook="lamina_register_breakers", 
 BATCHING = Layer(
     key="batching", noun="batching policy", hook="lamina_register_batching_policies", protocol=protocols.BatchingPolicy
 )
+PREWARM = Layer(
+    key="prewarm", noun="pre-warm policy", hook="lamina_register_prewarm_policies", protocol=protocols.PrewarmPolicy
+)
 OBSERVER = Layer(key="observer", noun="observer", hook="lamina_register_observers", protocol=protocols.Observer)
 REPLICA_PROVIDER = Layer(key="replica_provider", noun="replica provider", hook="lamina_register_replica_providers",
                          protocol=protocols.ReplicaProvider)
 
 LAYERS: tuple[Layer, ...] = (
     ROUTER, CODEC, EXECUTOR, PREFIX_CACHE, AUTOSCALER, AUTHENTICATOR, VALIDATOR, RATE_LIMITER, BREAKER, BATCHING,
-    OBSERVER, REPLICA_PROVIDER,
+    PREWARM, OBSERVER, REPLICA_PROVIDER,
 )
 """Every registrable kind, in the order ``lamina plugins`` lists them."""
 

@@ -23,6 +23,7 @@ from lamina_hookspecs.types import (
     StreamError,
     StreamMeta,
     TokenChunk,
+    WarmPrefix,
 )
 
 StreamItem = StreamMeta | TokenChunk | StreamError
@@ -240,6 +241,26 @@ class BatchingPolicy(Protocol):
     def observe(self, latency_s: float, state: SchedulerState) -> None:
         """Feedback after a step in which started requests got their first token: ``latency_s``
         is the longest of their times to first token (queueing, the window held, prefill)."""
+        ...
+
+
+@runtime_checkable
+class PrewarmPolicy(Protocol):
+    """Layer 4's pre-warm: notices prompt prefixes that recur across requests (system prompts,
+    templates) and names those the executor should keep in its prefix cache — pinned against
+    eviction while wanted, and computed ahead, when the executor is idle, if they are missing.
+
+    Called from the executor's engine thread. A policy takes time only from ``now`` (never
+    from a clock of its own) and keeps its memory bounded however many prompts it sees.
+    """
+
+    def observe(self, token_ids: Sequence[int], *, salt: bytes, now: float) -> None:
+        """A prompt about to be prefilled under ``salt`` (its tenant's prefix-cache salt)."""
+        ...
+
+    def wanted(self, now: float) -> Sequence[WarmPrefix]:
+        """The prefixes to keep cached now, most valuable first, within the policy's budget;
+        each is a prefix of prompts it observed under the same salt."""
         ...
 
 

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from lamina_hookspecs.protocols import BatchingPolicy, PrefixCache
+from lamina_hookspecs.protocols import BatchingPolicy, PrefixCache, PrewarmPolicy
 
 Factory = Callable[[Any, "BuildContext"], Any]
 """``factory(options, context) -> component``: ``options`` is an instance of the options
@@ -18,8 +18,8 @@ class given to ``register`` (or ``None`` when none was given)."""
 class BuildContext:
     """What a factory may use besides its own options when the stack is built.
 
-    ``prefix_cache`` and ``batching`` are the stack's instances of those components (for
-    an executor), or ``None`` when the stack has none. ``arm`` names the A/B arm this
+    ``prefix_cache``, ``batching`` and ``prewarm`` are the stack's instances of those
+    components (for an executor), or ``None`` when the stack has none. ``arm`` names the A/B arm this
     instance serves, or ``None`` outside a split.
     """
 
@@ -27,6 +27,7 @@ class BuildContext:
     arm: str | None = None
     prefix_cache: PrefixCache | None = None
     batching: BatchingPolicy | None = None
+    prewarm: PrewarmPolicy | None = None
 
 
 class Register(Protocol):

@@ -292,6 +292,16 @@ class PrefixMatch:
     block_ids: tuple[int, ...] = attrs.field(default=(), converter=_tuple_of_ints)
 
 
+@attrs.frozen
+class WarmPrefix:
+    """A prompt prefix a pre-warm policy wants cached under ``salt`` (a tenant); ``uses`` is how
+    often it recurred (decayed), for ordering and display."""
+
+    token_ids: tuple[int, ...] = attrs.field(converter=_tuple_of_ints)
+    salt: bytes = b""
+    uses: float = 0.0
+
+
 @attrs.frozen(kw_only=True)
 class SchedulerState:
     """What a batching policy sees when the executor's scheduler asks how long to wait.

@@ -406,3 +406,43 @@ class BatchingPolicyContract(ComponentContract):
         first = self._replay(component, states)
         time.sleep(0.02)
         assert self._replay(twin, states) == first
+
+
+class PrewarmPolicyContract(ComponentContract):
+    """A pre-warm policy wants only prefixes of prompts it saw under the same salt, never a
+    prompt seen once among thousands of one-offs, and takes time only from ``now``: a copy
+    fed the same calls later answers the same."""
+
+    layer = layers.PREWARM
+
+    @staticmethod
+    def _feed(policy: Any, rng: random.Random, now: float = 100.0) -> float:
+        """A shared 64-token preamble per salt under 30 prompts each, among one-off prompts."""
+        for i in range(60):
+            now += 0.5
+            salt = b"a" if i % 2 else b"b"
+            preamble = list(range(64)) if salt == b"a" else list(range(1000, 1064))
+            policy.observe(preamble + [rng.randrange(5000, 9000) for _ in range(40)], salt=salt, now=now)
+            policy.observe([rng.randrange(20000, 30000) for _ in range(80)], salt=b"c", now=now)
+        return now
+
+    def test_wants_only_prefixes_of_what_it_saw_under_that_salt(self, component: Any) -> None:
+        now = self._feed(component, random.Random(1))
+        wanted = component.wanted(now)
+        assert {w.salt for w in wanted} <= {b"a", b"b"}, "one-off prompts are not a pattern"
+        for w in wanted:
+            preamble = tuple(range(64)) if w.salt == b"a" else tuple(range(1000, 1064))
+            assert w.token_ids and w.token_ids == preamble[:len(w.token_ids)]
+
+    def test_wants_nothing_from_one_off_prompts(self, component: Any) -> None:
+        rng = random.Random(2)
+        for i in range(3000):
+            component.observe([rng.randrange(50000) for _ in range(64)], salt=b"x", now=float(i))
+        assert list(component.wanted(3000.0)) == []
+
+    def test_takes_time_only_from_now(self, component: Any) -> None:
+        twin = copy.deepcopy(component)
+        now = self._feed(component, random.Random(3))
+        first = component.wanted(now)
+        time.sleep(0.02)
+        assert self._feed(twin, random.Random(3)) == now and twin.wanted(now) == first

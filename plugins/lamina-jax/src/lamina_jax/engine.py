@@ -21,18 +21,25 @@ wakes it and the policy is asked again, and once the hold has passed the waiting
 start. A policy must stop holding once the oldest request has waited its window, so a lone
 request is delayed by at most that window, never stalled. Contextvars do not cross into this
 thread, so every log line names the request id explicitly.
+
+With a pre-warm policy, every ``PREWARM_S`` (waking from idle for it) the scheduler pins the
+wanted prefixes; when nothing else runs, one wanted prefix that is not cached is computed as a
+``warm`` sequence, which counts in no request statistics and feeds no batching policy.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import queue
 import threading
 import time
+
+import numpy as np
 import structlog
 
 from lamina_hookspecs.errors import InternalError
-from lamina_hookspecs.types import FinishReason, TokenChunk, TopLogprob, Usage
+from lamina_hookspecs.types import FinishReason, SamplingParams, TokenChunk, TopLogprob, Usage
 from lamina_jax.model_runner import ModelRunner, SampledRow
 from lamina_jax.scheduler import PrefillWork, Scheduler, Sequence, Step
 from lamina_jax.stop_text import StopText
@@ -42,6 +49,8 @@ log = structlog.get_logger(__name__)
 
 RATE_WINDOW_S = 2.0
 """Time constant of the generation-rate moving average."""
+PREWARM_S = 1.0
+"""How often the pre-warm policy's wanted prefixes are pinned (and a missing one computed when idle)."""
 
 
 class _Output:
@@ -67,6 +76,10 @@ class Engine:
         self._submitted = 0  # written by the event loop only
         self._accepted = 0  # written by the engine thread only
         self._rate = (time.monotonic(), 0.0)  # (when, tokens/s): one tuple, swapped atomically
+        self._prewarm_at = 0.0  # when the pre-warm policy is next consulted
+        self._warm_ids = itertools.count()
+        self.prewarm_computed = 0
+        """Prefixes computed ahead for the pre-warm policy."""
 
     # -- called from the event loop ---------------------------------------------------
 
@@ -111,8 +124,10 @@ class Engine:
     def _run(self) -> None:
         idle_s = 0.0
         while True:
-            if not self._drain(timeout=idle_s if self.scheduler.has_work() else None):
+            idle = None if self.scheduler.prewarm is None else PREWARM_S
+            if not self._drain(timeout=idle_s if self.scheduler.has_work() else idle):
                 break
+            self._prewarm(time.monotonic())
             idle_s = self.step()
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
             self._finish(seq, "abort")
@@ -136,6 +151,22 @@ class Engine:
                 self.prompt_tokens += len(arg.prompt_ids)
             elif command == "abort" and self.scheduler.remove(arg):
                 self._outputs.pop(arg, None)
+
+    def _prewarm(self, now: float) -> None:
+        """Pin the pre-warm policy's prefixes; when idle, start computing one that is missing."""
+        if self.scheduler.prewarm is None or now < self._prewarm_at:
+            return
+        self._prewarm_at = now + PREWARM_S
+        missing = self.scheduler.keep_wanted(now)
+        if missing is None or self.scheduler.has_work():
+            return
+        seq = Sequence(request_id=f"prewarm-{next(self._warm_ids)}", prompt_ids=list(missing.token_ids),
+                       sampling=SamplingParams(max_tokens=1, temperature=0.0), emit=lambda _: None,
+                       key=np.zeros(2, np.uint32), salt=missing.salt, warm=True)
+        self._outputs[seq] = _Output(self.tokenizer, seq)
+        self.scheduler.add(seq)
+        self.prewarm_computed += 1
+        log.info("prewarm_computing", request_id=seq.request_id, tokens=len(seq.prompt_ids), uses=round(missing.uses, 1))
 
     def step(self) -> float:
         """One schedule → run → update cycle; returns how long the engine may wait for a new
@@ -179,7 +210,8 @@ class Engine:
         for work, sampled in zip(works, self.runner.prefill(works), strict=True):
             self.scheduler.finish_prefill(work)
             if sampled is not None and not work.seq.output_ids:
-                first.append(work.seq)
+                if not work.seq.warm:
+                    first.append(work.seq)
                 self._accept(work.seq, sampled)
         if first:
             now = time.monotonic()
@@ -190,7 +222,7 @@ class Engine:
         sampling = seq.sampling
         token = row.token
         seq.output_ids.append(token)
-        self.generated_tokens += 1
+        self.generated_tokens += not seq.warm
         finish: FinishReason | None = None
         text = ""
         if (token == self.tokenizer.eos_id and not sampling.ignore_eos) or token in sampling.stop_token_ids:

@@ -19,7 +19,7 @@ import structlog
 from tqdm import tqdm
 
 from lamina_hookspecs.errors import ContextLengthError, InvalidRequestError, LaminaError, ServiceUnavailableError
-from lamina_hookspecs.protocols import BatchingPolicy, PrefixCache
+from lamina_hookspecs.protocols import BatchingPolicy, PrefixCache, PrewarmPolicy
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
 from lamina_jax.engine import Engine
@@ -38,13 +38,16 @@ class JaxExecutor:
     """A Llama-family model from a GGUF file, served with continuous batching."""
 
     def __init__(self, options: JaxOptions, prefix_cache: PrefixCache | None = None,
-                 batching: BatchingPolicy | None = None) -> None:
+                 batching: BatchingPolicy | None = None, prewarm: PrewarmPolicy | None = None) -> None:
         if prefix_cache is not None and prefix_cache.block_size != options.block_size:
             raise ValueError(f"the prefix cache's block_size ({prefix_cache.block_size}) must equal the "
                              f"executor's ({options.block_size})")
+        if prewarm is not None and prefix_cache is None:
+            raise ValueError("a [prewarm] policy needs a [prefix_cache] to keep what it wants")
         self.options = options
         self.prefix_cache = prefix_cache
         self.batching = batching
+        self.prewarm = prewarm
         path = smollm2_path() if options.model == BUILTIN_MODEL else Path(options.model)
         self.path = path
         name = options.served_name or (BUILTIN_MODEL if options.model == BUILTIN_MODEL else path.stem)
@@ -79,7 +82,7 @@ class JaxExecutor:
                              max_batch=options.max_batch, kv_dtype=options.kv_dtype)
         scheduler = Scheduler(BlockAllocator(num_blocks), block_size=options.block_size,
                               max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
-                              prefix_cache=self.prefix_cache, batching=self.batching)
+                              prefix_cache=self.prefix_cache, batching=self.batching, prewarm=self.prewarm)
         log.info("model_loaded", model=self.model.id, path=str(self.path), layers=config.n_layers,
                  kv_blocks=num_blocks, kv_dtype=options.kv_dtype, block_size=options.block_size,
                  max_model_len=max_len)
@@ -168,4 +171,4 @@ class JaxExecutor:
 
 def build_jax(options: JaxOptions, context: BuildContext) -> JaxExecutor:
     """A Llama-family GGUF model in JAX with continuous batching and a paged KV cache."""
-    return JaxExecutor(options, context.prefix_cache, context.batching)
+    return JaxExecutor(options, context.prefix_cache, context.batching, context.prewarm)

@@ -23,6 +23,12 @@ cached prefix of its tokens (under its tenant's salt) and computes only the rest
 sequence leaves (finished, aborted or preempted) the whole blocks it computed are offered
 to the cache, which keeps the ones it had no copy of; the rest go back to the allocator.
 When the allocator runs dry, the cache gives up least-recently-used unpinned blocks.
+
+With a pre-warm policy (the stack's ``[prewarm]``), every new prompt is shown to it, and
+:meth:`Scheduler.keep_wanted` (called by the engine now and then) pins the wanted prefixes
+that are cached — so eviction cannot take them — and names one that is not, which the
+engine computes when idle as a ``warm`` sequence (one prefill, no client). Pinned prefixes
+give way when a request needs their memory.
 """
 
 from __future__ import annotations
@@ -36,8 +42,8 @@ from typing import Any
 
 import attrs
 
-from lamina_hookspecs.protocols import BatchingPolicy, PrefixCache
-from lamina_hookspecs.types import PrefixMatch, SamplingParams, SchedulerState
+from lamina_hookspecs.protocols import BatchingPolicy, PrefixCache, PrewarmPolicy
+from lamina_hookspecs.types import PrefixMatch, SamplingParams, SchedulerState, WarmPrefix
 from lamina_jax.kv_cache import BlockAllocator, blocks_for
 
 ARRIVAL_WINDOW_S = 2.0
@@ -51,7 +57,8 @@ class Sequence:
 
     ``num_computed`` tokens of ``prompt_ids + output_ids`` have their K/V in ``blocks``. A
     decoding sequence has all but its last token computed; that token is the next input.
-    ``queue_s`` is how long it waited from submission to its first prefill chunk.
+    ``queue_s`` is how long it waited from submission to its first prefill chunk. A ``warm``
+    sequence computes a pre-warm prefix for the cache; nobody reads its output.
     """
 
     request_id: str
@@ -67,6 +74,7 @@ class Sequence:
     num_computed: int = 0
     submitted_at: float = attrs.field(factory=time.monotonic)
     queue_s: float | None = None
+    warm: bool = False
 
     @property
     def tokens(self) -> list[int]:
@@ -105,10 +113,14 @@ class Scheduler:
     """Owns the queue, the running batch and the block allocator; runs on the engine thread."""
 
     def __init__(self, allocator: BlockAllocator, *, block_size: int, max_batch: int, prefill_chunk: int,
-                 prefix_cache: PrefixCache | None = None, batching: BatchingPolicy | None = None) -> None:
+                 prefix_cache: PrefixCache | None = None, batching: BatchingPolicy | None = None,
+                 prewarm: PrewarmPolicy | None = None) -> None:
         self.allocator = allocator
         self.prefix_cache = prefix_cache
         self.batching = batching
+        self.prewarm = prewarm
+        self.kept: dict[tuple[bytes, tuple[int, ...]], PrefixMatch] = {}
+        """Pre-warm prefixes pinned in the cache, by (salt, token ids)."""
         self.block_size = block_size
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
@@ -120,7 +132,43 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        if seq.warm:
+            return
         self._arrivals = (seq.submitted_at, self.arrival_rate(seq.submitted_at) + 1 / ARRIVAL_WINDOW_S)
+        if self.prewarm is not None:
+            self.prewarm.observe(seq.prompt_ids, salt=seq.salt, now=seq.submitted_at)
+
+    def keep_wanted(self, now: float) -> WarmPrefix | None:
+        """Pin the pre-warm policy's wanted prefixes (whole blocks) that are cached, unpin those
+        no longer wanted; return the first wanted one that is not fully cached, if any."""
+        cache, policy = self.prefix_cache, self.prewarm
+        if cache is None or policy is None:
+            return None
+        kept: dict[tuple[bytes, tuple[int, ...]], PrefixMatch] = {}
+        missing = None
+        for prefix in policy.wanted(now):
+            tokens = prefix.token_ids[: len(prefix.token_ids) // self.block_size * self.block_size]
+            key = (prefix.salt, tokens)
+            if not tokens or key in kept:
+                continue
+            if key in self.kept:
+                kept[key] = self.kept.pop(key)
+                continue
+            match = cache.match(tokens, salt=prefix.salt)
+            if match.num_tokens == len(tokens):
+                kept[key] = match
+            else:
+                cache.release(match)
+                missing = missing or WarmPrefix(token_ids=tokens, salt=prefix.salt, uses=prefix.uses)
+        self._unkeep()
+        self.kept = kept
+        return missing
+
+    def _unkeep(self) -> None:
+        if self.prefix_cache is not None:
+            for match in self.kept.values():
+                self.prefix_cache.release(match)
+        self.kept = {}
 
     def arrival_rate(self, now: float) -> float:
         """Arrivals per second, exponentially averaged over ``ARRIVAL_WINDOW_S`` and decayed to ``now``."""
@@ -169,7 +217,11 @@ class Scheduler:
         if missing <= 0:
             return True
         blocks = self.allocator.allocate(missing)
-        if blocks is None and self.prefix_cache is not None:
+        for unpin in (False, True):  # pinned pre-warm prefixes give way only to a request that needs them
+            if blocks is not None or self.prefix_cache is None or (unpin and not self.kept):
+                break
+            if unpin:
+                self._unkeep()
             self.allocator.free(self.prefix_cache.evict(missing - self.allocator.num_free))
             blocks = self.allocator.allocate(missing)
         if blocks is None:
@@ -222,6 +274,7 @@ class Scheduler:
             self._release(seq, keep=False)
         self.running.clear()
         self.waiting.clear()
+        self._unkeep()
         if self.prefix_cache is not None:
             self.allocator.free(self.prefix_cache.evict(self.allocator.num_blocks))
         return dropped
