@@ -89,14 +89,14 @@ _PREFIX_COUNTERS = (
     ("lamina_prefix_cache_queries", "lookup_tokens", "Prompt tokens looked up in the prefix cache."),
     ("lamina_prefix_cache_hits", "hit_tokens", "Prompt tokens served from the prefix cache."),
     ("lamina_prefix_cache_hit_requests", "hit_requests", "Prefix-cache lookups that hit at least one block."),
-    ("lamina_prefix_cache_lookups", "lookups", "Prefix-cache lookups (one per request admission)."),
+    ("lamina_prefix_cache_lookups", "lookups", "Prefix-cache lookups (one per request's prefill, plus pre-warm checks)."),
     ("lamina_prefix_cache_inserted_blocks", "inserted_blocks", "KV blocks stored in the prefix cache."),
     ("lamina_prefix_cache_evicted_blocks", "evicted_blocks", "KV blocks evicted from the prefix cache."),
 )
 # gauges: live values
 _PREFIX_GAUGES = (
     ("lamina_prefix_cache_blocks", "cached_blocks", "KV blocks held by the prefix cache."),
-    ("lamina_prefix_cache_pinned_blocks", "pinned_blocks", "Prefix-cache blocks pinned by running requests."),
+    ("lamina_prefix_cache_pinned_blocks", "pinned_blocks", "Prefix-cache blocks pinned by running requests or the pre-warm policy."),
     ("lamina_prefix_cache_hit_rate", "hit_rate", "Hit tokens over looked-up tokens since start (0 to 1)."),
 )
 

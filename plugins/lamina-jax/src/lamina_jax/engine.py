@@ -157,8 +157,9 @@ class Engine:
         if self.scheduler.prewarm is None or now < self._prewarm_at:
             return
         self._prewarm_at = now + PREWARM_S
-        missing = self.scheduler.keep_wanted(now)
-        if missing is None or self.scheduler.has_work():
+        idle = not self.scheduler.has_work()
+        missing = self.scheduler.keep_wanted(now, idle=idle)
+        if missing is None or not idle:
             return
         seq = Sequence(request_id=f"prewarm-{next(self._warm_ids)}", prompt_ids=list(missing.token_ids),
                        sampling=SamplingParams(max_tokens=1, temperature=0.0), emit=lambda _: None,

@@ -121,6 +121,7 @@ class Scheduler:
         self.prewarm = prewarm
         self.kept: dict[tuple[bytes, tuple[int, ...]], PrefixMatch] = {}
         """Pre-warm prefixes pinned in the cache, by (salt, token ids)."""
+        self._missing: set[tuple[bytes, tuple[int, ...]]] = set()
         self.block_size = block_size
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
@@ -138,31 +139,37 @@ class Scheduler:
         if self.prewarm is not None:
             self.prewarm.observe(seq.prompt_ids, salt=seq.salt, now=seq.submitted_at)
 
-    def keep_wanted(self, now: float) -> WarmPrefix | None:
+    def keep_wanted(self, now: float, *, idle: bool) -> WarmPrefix | None:
         """Pin the pre-warm policy's wanted prefixes (whole blocks) that are cached, unpin those
-        no longer wanted; return the first wanted one that is not fully cached, if any."""
+        no longer wanted; return the first wanted one that is not fully cached, if any. A prefix
+        found missing is looked up again only when ``idle`` (so busy steps add no lookups)."""
         cache, policy = self.prefix_cache, self.prewarm
         if cache is None or policy is None:
             return None
         kept: dict[tuple[bytes, tuple[int, ...]], PrefixMatch] = {}
-        missing = None
+        missing: set[tuple[bytes, tuple[int, ...]]] = set()
+        first = None
         for prefix in policy.wanted(now):
             tokens = prefix.token_ids[: len(prefix.token_ids) // self.block_size * self.block_size]
             key = (prefix.salt, tokens)
-            if not tokens or key in kept:
+            if not tokens or key in kept or key in missing:
                 continue
             if key in self.kept:
                 kept[key] = self.kept.pop(key)
                 continue
+            if key in self._missing and not idle:
+                missing.add(key)
+                continue
             match = cache.match(tokens, salt=prefix.salt)
             if match.num_tokens == len(tokens):
                 kept[key] = match
-            else:
-                cache.release(match)
-                missing = missing or WarmPrefix(token_ids=tokens, salt=prefix.salt, uses=prefix.uses)
+                continue
+            cache.release(match)
+            missing.add(key)
+            first = first or WarmPrefix(token_ids=tokens, salt=prefix.salt, uses=prefix.uses)
         self._unkeep()
-        self.kept = kept
-        return missing
+        self.kept, self._missing = kept, missing
+        return first
 
     def _unkeep(self) -> None:
         if self.prefix_cache is not None:
