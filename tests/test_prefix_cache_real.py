@@ -1,10 +1,11 @@
-"""The real model with the radix prefix cache: greedy tokens unchanged, shared prompts reused."""
+"""The real model with the radix prefix cache: greedy tokens and logprobs unchanged, shared prompts reused."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import numpy as np
 import pytest
 from lamina_hookspecs.types import ChatMessage, Request, SamplingParams
 
@@ -21,13 +22,13 @@ QUESTIONS = ["Do you open on Sundays?", "Can you recommend a book about the sea?
 
 
 def requests() -> list[Request]:
-    greedy = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    greedy = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=True, top_logprobs=5)
     return [Request(id=f"q{i}", model="any", tenant="acme", sampling=greedy,
                     messages=[ChatMessage(role="system", content=SYSTEM), ChatMessage(role="user", content=q)])
             for i, q in enumerate(QUESTIONS)]
 
 
-def run(prefix_cache: bool) -> tuple[list[list[int]], list[int], dict[str, float]]:
+def run(prefix_cache: bool) -> tuple[list[list[int]], list[int], dict[str, float], np.ndarray]:
     config: dict[str, Any] = {"executor": {"use": "jax"}}
     if prefix_cache:
         config["prefix_cache"] = {"use": "radix"}
@@ -35,16 +36,17 @@ def run(prefix_cache: bool) -> tuple[list[list[int]], list[int], dict[str, float
     stack = Stack(StackConfig.from_dict(config, plugins.registry), plugins)
     executor: Any = stack.backends["local"]
 
-    async def go() -> tuple[list[list[int]], list[int], dict[str, float]]:
+    async def go() -> tuple[list[list[int]], list[int], dict[str, float], np.ndarray]:
         await stack.start()
         try:
-            tokens, cached = [], []
+            tokens, cached, logprobs = [], [], []
             for request in requests():  # one after another: each finds the earlier ones' blocks
                 chunks = [c async for c in executor.generate(request)]
                 tokens.append([t for c in chunks for t in c.token_ids])
                 cached.append(chunks[-1].usage.cached_tokens)
+                logprobs += [[top.logprob for top in c.top_logprobs[0]] for c in chunks if c.token_ids]
             stats = dict(stack.prefix_cache.instances[""].stats()) if prefix_cache else {}
-            return tokens, cached, stats
+            return tokens, cached, stats, np.array(logprobs)
         finally:
             await stack.stop()
 
@@ -52,10 +54,12 @@ def run(prefix_cache: bool) -> tuple[list[list[int]], list[int], dict[str, float
 
 
 def test_real_model_same_greedy_tokens_with_the_cache_and_reuses_the_system_prompt() -> None:
-    without, cached_off, _ = run(False)
-    with_cache, cached_on, stats = run(True)
+    without, cached_off, _, logprobs_off = run(False)
+    with_cache, cached_on, stats, logprobs_on = run(True)
     assert all(len(t) == 16 for t in without)
     assert with_cache == without
+    assert logprobs_on.shape == (16 * len(QUESTIONS), 5)
+    np.testing.assert_allclose(logprobs_on, logprobs_off, atol=1e-3)  # top-5 logprobs of every step
     assert cached_off == [0] * len(QUESTIONS)
     assert cached_on[0] == 0, "nothing cached before the first request"
     assert all(c >= 16 for c in cached_on[1:]), cached_on  # at least one whole block of the shared prompt
