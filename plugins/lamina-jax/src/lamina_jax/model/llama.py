@@ -178,14 +178,19 @@ def _qkv(
 
 
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention of ``q [B, T, H, d]`` over ``k, v [B, L, H_kv, d]`` where ``mask [B, T, L]``."""
+    """Grouped-query attention of ``q [B, T, H, d]`` over ``k, v [B, L, H_kv, d]`` where ``mask [B, T, L]``.
+
+    Scores are laid out ``[B, T, L, H_kv, group]``, keys before heads as in the cache (see
+    `_attend_step`): a SmolLM2 layer at T=256, L=1024 takes ≈7 ms on XLA:CPU instead of ≈12 ms
+    with ``[B, H_kv, group, T, L]``.
+    """
     batch, length, n_heads, head_dim = q.shape
     n_kv_heads = k.shape[2]
     q = q.reshape(batch, length, n_kv_heads, n_heads // n_kv_heads, head_dim)
-    scores = jnp.einsum("btkgd,blkd->bkgtl", q, k) / math.sqrt(head_dim)
-    scores = jnp.where(mask[:, None, None], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("bkgtl,blkd->btkgd", probs, v)
+    scores = jnp.einsum("btkgd,blkd->btlkg", q, k) / math.sqrt(head_dim)
+    scores = jnp.where(mask[:, :, :, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=2)
+    out = jnp.einsum("btlkg,blkd->btkgd", probs, v)
     return out.reshape(batch, length, n_heads * head_dim)
 
 
