@@ -64,11 +64,11 @@ def test_a_request_whose_backend_is_gone_before_any_token_is_retried_elsewhere(
         live: Any, lamina_logs: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
     server = live({"executor": {"use": "echo"}, "replicas": {"count": 2, "restart_backoff_s": 30}})
     dead = server.stack.replicas.workers[0]
+    backend = server.stack.backends[dead.name]
+    healthy_looking = backend.state()  # read before the kill: the 100 ms poll may notice it at once
+    monkeypatch.setattr(backend, "state", lambda: healthy_looking)  # as if the poll had not noticed yet
     dead.handle.process.kill()
     dead.handle.process.wait()
-    backend = server.stack.backends[dead.name]
-    healthy_looking = backend.state()
-    monkeypatch.setattr(backend, "state", lambda: healthy_looking)  # as if the poll had not noticed yet
     for _ in range(4):
         reply = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT)
         assert reply.status_code == 200, reply.text

@@ -31,7 +31,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
@@ -224,7 +224,8 @@ class ReplicaSet:
         log.info("replica_starting", replica=worker.name, reason=reason)
         return worker
 
-    async def _bring_up(self, worker: Worker, *, on_failure: str = "raise") -> None:
+    async def _bring_up(self, worker: Worker, *, on_failure: Literal["raise", "drop", "retry"] = "raise"
+                        ) -> None:
         """Launch the worker's process, wait until it serves, put it in the backends. A worker
         that fails to start raises (``on_failure="raise"``), or is logged and then dropped
         (``"drop"``: the autoscaler asks again at its next interval) or restarted after the
