@@ -187,13 +187,13 @@ class PoolController:
             rate, worker = max(failing, key=lambda pair: pair[0])
             reason = f"{worker.name}: 5xx rate {rate:.0%} over {self.config.heal_window_s:g}s > {threshold:.0%}"
         if self.config.fallback_model is not None:
-            self._degrade_or_restore(now, reason, busy)
+            self._degrade_or_restore(now, reason, busy, threshold)
         if failing and not busy and (len(serving) >= 2 or self.degraded_at is not None):
             log.warning("replica_unhealthy", replica=worker.name, reason=reason)
             self.traffic.forget(worker.name)
             self.replicas.restart(worker, reason="heal")
 
-    def _degrade_or_restore(self, now: float, failing: str, busy: bool) -> None:
+    def _degrade_or_restore(self, now: float, failing: str, busy: bool, threshold: float) -> None:
         fallback = self.config.fallback_model
         if self.degraded_at is None:
             if failing:
@@ -206,11 +206,9 @@ class PoolController:
                   if name in pool]
         served = sum(n for n, _ in probes)
         rate = sum(n * rate for n, rate in probes) / served if served else 0.0
-        assert self.config.heal_error_rate is not None
-        if failing or busy or not self.replicas.serving or served < self.config.heal_min_requests \
-                or rate > self.config.heal_error_rate:
+        if failing or busy or not self.replicas.serving or served < self.config.heal_min_requests or rate > threshold:
             return
         self.degraded_at = None
         self.replicas.actions["restore", "heal"] += 1
         log.warning("pool_restored", fallback_model=fallback,
-                    reason=f"{served} probe requests, 5xx rate {rate:.0%} <= {self.config.heal_error_rate:.0%}")
+                    reason=f"{served} probe requests, 5xx rate {rate:.0%} <= {threshold:.0%}")

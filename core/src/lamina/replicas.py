@@ -268,8 +268,7 @@ class ReplicaSet:
             status = worker.handle.exited()
             if status is not None:
                 starting.cancel()
-                with contextlib.suppress(BaseException):
-                    await starting
+                await asyncio.wait({starting})  # let it unwind; our own cancellation still propagates
                 await worker.executor.stop()
                 raise RuntimeError(f"worker process exited with status {status} before it was ready")
         starting.result()

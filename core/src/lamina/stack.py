@@ -133,8 +133,10 @@ class Stack:
         self.observers = [(f"observer[{i}]:{spec.name}", _instantiate(spec, BuildContext(stack_name=name)))
                           for i, spec in enumerate(config.observers)]
         self._core_hooks = _CoreHooks(self)
-        self._canary_picker: ArmPicker | None = None
-        self._fallback_picker: ArmPicker | None = None
+        canary = config.canary.share if config.canary else 0.0
+        probe = config.replicas.fallback_probe_share
+        self._canary_picker = ArmPicker.from_weights("lamina.canary", [("canary", canary), ("stable", 1 - canary)])
+        self._fallback_picker = ArmPicker.from_weights("lamina.fallback", [("pool", probe), ("fallback", 1 - probe)])
         self.started = False
         self._codecs_by_type: dict[str, Codec] | None = None
 
@@ -214,16 +216,10 @@ class Stack:
         pool, replicas = self.pool, self.replicas
         if pool is None or pool.degraded_at is None or replicas is None or request.model != replicas.model:
             return request
-        config = self.config.replicas
-        if self._fallback_picker is None:
-            share = config.fallback_probe_share
-            self._fallback_picker = ArmPicker.from_weights("lamina.fallback", [("pool", share), ("fallback", 1 - share)])
         arm = ctx.arms.setdefault("fallback", self._fallback_picker.pick(ctx.request_id)
                                   if replicas.serving else "fallback")
-        if arm == "pool":
-            return request
-        assert config.fallback_model is not None
-        return attrs.evolve(request, model=config.fallback_model)
+        fallback = self.config.replicas.fallback_model
+        return request if arm == "pool" or fallback is None else attrs.evolve(request, model=fallback)
 
     def _canary_split(self, ctx: RequestContext, candidates: dict[str, Executor]) -> dict[str, Executor]:
         """While a canary serves, its share of requests (by request id) go to it alone, the rest
@@ -232,10 +228,6 @@ class Stack:
         canary = self.replicas.canary if self.replicas is not None else None
         if canary is None or not canary.ready or canary.draining or canary.name not in candidates:
             return candidates
-        assert self.config.canary is not None
-        if self._canary_picker is None:
-            share = self.config.canary.share
-            self._canary_picker = ArmPicker.from_weights("lamina.canary", [("canary", share), ("stable", 1 - share)])
         stable = {name: e for name, e in candidates.items() if name != canary.name}
         arm = ctx.arms.setdefault("canary", self._canary_picker.pick(ctx.request_id) if stable else "canary")
         return {canary.name: candidates[canary.name]} if arm == "canary" else stable
