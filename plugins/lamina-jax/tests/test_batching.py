@@ -77,11 +77,19 @@ def test_at_most_b_prefills_per_step_within_the_token_budget() -> None:
     assert step(1.5) == [("s4", 12, True)] and len(scheduler.running) == 5
 
 
-def test_without_a_policy_one_prefill_per_step_as_before() -> None:
+def test_without_a_policy_every_waiting_prefill_that_fits_starts_at_once() -> None:
     scheduler = Scheduler(BlockAllocator(100), block_size=4, max_batch=8, prefill_chunk=32)
     for i in range(3):
         scheduler.add(seq(f"s{i}", 5))
-    assert [w.seq.request_id for w in scheduler.schedule().prefills] == ["s0"] and scheduler.hold_s == 0
+    assert [w.seq.request_id for w in scheduler.schedule().prefills] == ["s0", "s1", "s2"] and scheduler.hold_s == 0
+
+
+def test_a_policy_cannot_pack_more_than_the_executor_allows() -> None:
+    scheduler = Scheduler(BlockAllocator(100), block_size=4, max_batch=8, prefill_chunk=64, max_prefills=2,
+                          batching=Window(window_s=0.0, limit=5))
+    for i in range(4):
+        scheduler.add(seq(f"s{i}", 5))
+    assert [w.seq.request_id for w in scheduler.schedule().prefills] == ["s0", "s1"]
 
 
 async def started(path: Path, policy: BatchingPolicy | None, **options: Any) -> JaxExecutor:
@@ -102,7 +110,8 @@ async def tokens(executor: JaxExecutor, req: Request) -> list[int]:
 
 def test_b_is_honoured_end_to_end_and_packed_prefills_give_the_same_tokens(tiny_gguf: Path) -> None:
     """Ten requests at once with B = 3: no prefill call carries more than 3 sequences, some carry 3,
-    and every greedy stream equals the one computed without a policy (one prefill per step)."""
+    and every greedy stream equals the one computed without a policy (as many per step as fit) and
+    with one prefill per step."""
     async def go(policy: BatchingPolicy | None) -> tuple[list[list[int]], list[int]]:
         executor = await started(tiny_gguf, policy, max_batch=8)
         sizes: list[int] = []
@@ -116,8 +125,9 @@ def test_b_is_honoured_end_to_end_and_packed_prefills_give_the_same_tokens(tiny_
     policy = Window(window_s=0.05, limit=3)
     batched, sizes = asyncio.run(go(policy))
     plain, plain_sizes = asyncio.run(go(None))
-    assert max(sizes) == 3 and sum(sizes) >= 10 and set(plain_sizes) == {1}
-    assert batched == plain
+    single, single_sizes = asyncio.run(go(Window(window_s=0.0, limit=1)))
+    assert max(sizes) == 3 and sum(sizes) >= 10 and max(plain_sizes) > 3 and set(single_sizes) == {1}
+    assert batched == plain == single
     assert len(policy.observed) >= 4 and all(latency > 0 for latency in policy.observed)
 
 

@@ -13,16 +13,18 @@ def seq(name: str, prompt_len: int) -> Sequence:
 
 def test_long_prompt_is_prefilled_in_chunks_beside_decoding() -> None:
     scheduler = Scheduler(BlockAllocator(100), block_size=4, max_batch=8, prefill_chunk=16)
-    short, long = seq("short", 3), seq("long", 40)
+    short, long = seq("short", 3), seq("long", 43)
     scheduler.add(short)
     scheduler.add(long)
     step = scheduler.schedule()
-    [work] = step.prefills
-    assert work.seq is short and work.last and not step.decode
-    scheduler.finish_prefill(work)
+    first, head = step.prefills
+    assert first.seq is short and first.last and not step.decode
+    assert head.seq is long and (head.start, len(head.tokens), head.last) == (0, 13, False), "the rest of the budget"
+    for work in step.prefills:
+        scheduler.finish_prefill(work)
     short.output_ids.append(7)
     starts = []
-    for _ in range(3):
+    for _ in range(2):
         step = scheduler.schedule()
         assert step.decode == [short], "the running stream decodes every step"
         [work] = step.prefills
@@ -30,8 +32,15 @@ def test_long_prompt_is_prefilled_in_chunks_beside_decoding() -> None:
         scheduler.finish_prefill(work)
         short.num_computed += 1
         short.output_ids.append(7)
-    assert starts == [(0, 16, False), (16, 16, False), (32, 8, True)]
+    assert starts == [(13, 16, False), (29, 14, True)]
     assert scheduler.running == [short, long]
+
+
+def test_packing_stops_at_the_block_table_capacity() -> None:
+    scheduler = Scheduler(BlockAllocator(100), block_size=4, max_batch=8, prefill_chunk=64, table_capacity=5)
+    for name in ("a", "b", "c"):
+        scheduler.add(seq(name, 8))  # two blocks each: a and b fit in five entries, c does not
+    assert [w.seq.request_id for w in scheduler.schedule().prefills] == ["a", "b"]
 
 
 def test_preemption_frees_the_newest_and_requeues_it_first() -> None:

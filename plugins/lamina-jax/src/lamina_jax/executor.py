@@ -9,6 +9,7 @@ request in the engine, which frees its KV blocks at the next step boundary.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -79,14 +80,29 @@ class JaxExecutor:
         num_blocks = max(int(options.kv_cache_mb * 2**20 // block_bytes), blocks_for(max_len, options.block_size))
         self.tokenizer = GGUFTokenizer.from_metadata(loaded.metadata)
         runner = ModelRunner(params, config, num_blocks=num_blocks, block_size=options.block_size,
-                             max_batch=options.max_batch, kv_dtype=options.kv_dtype)
+                             max_batch=options.max_batch, max_blocks_per_seq=blocks_for(max_len, options.block_size),
+                             prefill_chunk=options.prefill_chunk, max_prefills=options.max_prefills,
+                             kv_dtype=options.kv_dtype)
+        self._precompile(runner)
         scheduler = Scheduler(BlockAllocator(num_blocks), block_size=options.block_size,
                               max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
+                              max_prefills=options.max_prefills, table_capacity=runner.table_capacity,
                               prefix_cache=self.prefix_cache, batching=self.batching, prewarm=self.prewarm)
         log.info("model_loaded", model=self.model.id, path=str(self.path), layers=config.n_layers,
                  kv_blocks=num_blocks, kv_dtype=options.kv_dtype, block_size=options.block_size,
                  max_model_len=max_len)
         return Engine(runner, scheduler, self.tokenizer, max_model_len=max_len)
+
+    def _precompile(self, runner: ModelRunner) -> None:
+        """Compile every shape serving can use, reading and writing JAX's persistent cache."""
+        if self.options.compile_cache_dir and not jax.config.jax_compilation_cache_dir:
+            # JAX's own on-disk cache of compiled executables, keyed by computation and backend.
+            jax.config.update("jax_compilation_cache_dir", self.options.compile_cache_dir)
+        started = time.monotonic()
+        with tqdm(desc="compiling", unit="shape", total=len(runner.shapes()), leave=False) as bar:
+            runner.precompile(lambda done, total: bar.update(done - bar.n))
+        log.info("model_compiled", model=self.model.id, shapes=len(runner.shapes()),
+                 seconds=round(time.monotonic() - started, 1), cache_dir=jax.config.jax_compilation_cache_dir)
 
     async def stop(self) -> None:
         if self.engine is not None:

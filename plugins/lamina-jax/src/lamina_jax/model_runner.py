@@ -1,12 +1,17 @@
-"""Device side of the engine: the jitted prefill and decode steps with sampling, in shape buckets.
+"""Device side of the engine: the jitted prefill and decode steps with sampling, in few shapes.
 
-Every call is padded to a bucket so that a steady workload compiles a bounded set of shapes
-once and never again: prefill token counts, block-table lengths and the number of sequences
-prefilled together (their chunks packed into one call) to powers of two, decode batches to
-powers of two up to ``max_batch``, and the number of top logprobs to 0 or
-``MAX_TOP_LOGPROBS``; a decode batch whose rows are all greedy has its own, cheaper variant.
+Every call has one of a small, fixed set of shapes, so that all of them can be compiled before
+the server reports ready (`ModelRunner.precompile`) and serving compiles nothing:
+
+- decode: the batch padded to a power of two up to ``max_batch``; block tables always as wide as
+  the longest sequence may need (attention loops over the blocks in use, so width costs nothing);
+- prefill: the packed chunk tokens padded to a power of two from 16 up to ``prefill_chunk``; the
+  packed block table always ``table_capacity`` entries and the sequences always ``max_prefills``
+  rows (the scheduler keeps within both).
+
 Sampling runs inside the same jitted call as the model, so only the chosen tokens and their
-logprobs travel back to the host.
+logprobs travel back to the host. Whether a batch is all greedy and whether any row wants top
+logprobs are traced flags chosen by ``lax.cond``, not compiled variants.
 
 Nothing here is CPU-specific: the same code runs on any JAX backend.
 """
@@ -14,15 +19,17 @@ Nothing here is CPU-specific: the same code runs on any JAX backend.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from lamina_jax.model.config import LlamaConfig
-from lamina_jax.model.llama import KVCache, KVDtype, LlamaParams, decode, init_cache, prefill_packed
+from lamina_jax.model.llama import ATTENTION_CHUNK, KVCache, KVDtype, LlamaParams, decode, init_cache, prefill_packed
 from lamina_jax.sampling import SampleResult, SamplingBatch, sample
 from lamina_jax.scheduler import PrefillWork, Sequence
 
@@ -48,32 +55,62 @@ class SampledRow:
     top_logprobs: np.ndarray
 
 
-@functools.partial(jax.jit, static_argnames=("config", "num_top"), donate_argnames=("cache",))
+def _sample(logits: jax.Array, batch: SamplingBatch, all_greedy: jax.Array, want_top: jax.Array) -> SampleResult:
+    """`sample` with the greedy-only shortcut and the top logprobs chosen at run time."""
+    chosen = lax.cond(all_greedy,
+                      lambda: sample(logits, batch, num_top=0, max_top_k=SORT_CAP, all_greedy=True),
+                      lambda: sample(logits, batch, num_top=0, max_top_k=SORT_CAP))
+    rows = logits.shape[0]
+    top_logprobs, top_ids = lax.cond(
+        want_top, lambda: tuple(lax.top_k(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), MAX_TOP_LOGPROBS)),
+        lambda: (jnp.zeros((rows, MAX_TOP_LOGPROBS), jnp.float32), jnp.zeros((rows, MAX_TOP_LOGPROBS), jnp.int32)))
+    return attrs.evolve(chosen, top_ids=top_ids, top_logprobs=top_logprobs)
+
+
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
 def _prefill_and_sample(params: LlamaParams, cache: KVCache, tokens: jax.Array, positions: jax.Array,
                         rows: jax.Array, table: jax.Array, table_rows: jax.Array, starts: jax.Array,
-                        last: jax.Array, batch: SamplingBatch, *, config: LlamaConfig,
-                        num_top: int) -> tuple[SampleResult, KVCache]:
+                        last: jax.Array, batch: SamplingBatch, all_greedy: jax.Array, want_top: jax.Array, *,
+                        config: LlamaConfig) -> tuple[SampleResult, KVCache]:
     logits, cache = prefill_packed(params, cache, tokens, positions, rows, table, table_rows, starts, last,
                                    config=config)
-    return sample(logits, batch, num_top=num_top, max_top_k=SORT_CAP), cache
+    return _sample(logits, batch, all_greedy, want_top), cache
 
 
-@functools.partial(jax.jit, static_argnames=("config", "num_top", "all_greedy"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
 def _decode_and_sample(params: LlamaParams, cache: KVCache, tokens: jax.Array, tables: jax.Array,
-                       positions: jax.Array, batch: SamplingBatch, *, config: LlamaConfig,
-                       num_top: int, all_greedy: bool) -> tuple[SampleResult, KVCache]:
+                       positions: jax.Array, batch: SamplingBatch, all_greedy: jax.Array, want_top: jax.Array, *,
+                       config: LlamaConfig) -> tuple[SampleResult, KVCache]:
     logits, cache = decode(params, cache, tokens, tables, positions, config=config)
-    return sample(logits, batch, num_top=num_top, max_top_k=SORT_CAP, all_greedy=all_greedy), cache
+    return _sample(logits, batch, all_greedy, want_top), cache
+
+
+def pow2_buckets(low: int, high: int) -> list[int]:
+    """Every `bucket` value from ``bucket(low)`` up to ``bucket(high)``."""
+    sizes = [bucket(low)]
+    while sizes[-1] < bucket(high):
+        sizes.append(sizes[-1] * 2)
+    return sizes
 
 
 class ModelRunner:
-    """Holds the weights and the KV block pools; runs packed prefill chunks or one decode batch."""
+    """Holds the weights and the KV block pools; runs packed prefill chunks or one decode batch.
+
+    :param max_blocks_per_seq: the most blocks one sequence can own (its longest context).
+    :param prefill_chunk: the most prompt tokens one prefill call carries.
+    :param max_prefills: the most sequences one prefill call carries.
+    """
 
     def __init__(self, params: LlamaParams, config: LlamaConfig, *, num_blocks: int, block_size: int,
-                 max_batch: int, kv_dtype: KVDtype = "float32") -> None:
+                 max_batch: int, max_blocks_per_seq: int, prefill_chunk: int, max_prefills: int,
+                 kv_dtype: KVDtype = "float32") -> None:
         self.params, self.config = params, config
         self.num_blocks, self.block_size, self.max_batch = num_blocks, block_size, max_batch
+        self.prefill_chunk, self.max_prefills = prefill_chunk, max_prefills
         self.kv_dtype = kv_dtype
+        self.table_width = -(-max_blocks_per_seq // ATTENTION_CHUNK) * ATTENTION_CHUNK
+        self.table_capacity = 2 * self.table_width
+        """Entries of the packed prefill block table: the scheduler packs sequences owning at most this many blocks."""
         self.cache = init_cache(config, num_blocks=num_blocks, block_size=block_size, dtype=kv_dtype)
 
     def reset_cache(self) -> None:
@@ -81,8 +118,26 @@ class ModelRunner:
         self.cache = init_cache(self.config, num_blocks=self.num_blocks, block_size=self.block_size,
                                 dtype=self.kv_dtype)
 
-    def _sampling(self, seqs: Seq[Sequence | None]) -> tuple[SamplingBatch, int]:
-        """Per-row parameters (``None`` rows are padding) and the top-logprobs bucket."""
+    def shapes(self) -> list[tuple[str, int]]:
+        """Every (call, padded size) serving can use: decode batch sizes and prefill token counts."""
+        return ([("decode", rows) for rows in pow2_buckets(1, self.max_batch)]
+                + [("prefill", tokens) for tokens in pow2_buckets(16, self.prefill_chunk)])
+
+    def precompile(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Compile every shape of `shapes` by running it on padding only (which writes nothing to
+        the cache); ``progress(done, total)`` after each."""
+        shapes = self.shapes()
+        for done, (kind, size) in enumerate(shapes, 1):
+            if kind == "decode":
+                self._decode_call(np.zeros(size, np.int32), np.zeros((size, self.table_width), np.int32),
+                                  np.full(size, -1, np.int32), [None] * size)
+            else:
+                self._prefill_call(self._prefill_arrays(size), [None] * self.max_prefills)
+            if progress is not None:
+                progress(done, len(shapes))
+
+    def _sampling(self, seqs: Seq[Sequence | None]) -> tuple[SamplingBatch, np.bool_, bool]:
+        """Per-row parameters (``None`` rows are padding), whether all rows are greedy, whether any wants top logprobs."""
         rows = len(seqs)
         temperature, top_p = np.zeros(rows, np.float32), np.ones(rows, np.float32)
         top_k, steps = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
@@ -97,47 +152,57 @@ class ModelRunner:
             keys[i] = seq.key
             wants_top |= params.logprobs and params.top_logprobs > 0
         batch = SamplingBatch(temperature=temperature, top_k=top_k, top_p=top_p, keys=keys, steps=steps)
-        return batch, MAX_TOP_LOGPROBS if wants_top else 0
+        return batch, (temperature <= 0).all(), wants_top
+
+    def _prefill_arrays(self, num_tokens: int) -> dict[str, np.ndarray]:
+        """Padding-only inputs of a prefill call over ``bucket(num_tokens)`` tokens."""
+        tokens = np.zeros(bucket(num_tokens, 16), np.int32)
+        return {"tokens": tokens, "positions": np.zeros_like(tokens), "rows": np.full_like(tokens, -1),
+                "table": np.zeros(self.table_capacity, np.int32),
+                "table_rows": np.full(self.table_capacity, -1, np.int32),
+                "starts": np.zeros(self.max_prefills, np.int32), "last": np.zeros(self.max_prefills, np.int32)}
+
+    def _prefill_call(self, arrays: dict[str, np.ndarray], seqs: Seq[Sequence | None]) -> SampleResult:
+        batch, all_greedy, want_top = self._sampling(seqs)
+        result, self.cache = _prefill_and_sample(self.params, self.cache, batch=batch, all_greedy=all_greedy,
+                                                 want_top=want_top, config=self.config, **arrays)
+        return result
+
+    def _decode_call(self, tokens: np.ndarray, tables: np.ndarray, positions: np.ndarray,
+                     seqs: Seq[Sequence | None]) -> SampleResult:
+        batch, all_greedy, want_top = self._sampling(seqs)
+        result, self.cache = _decode_and_sample(self.params, self.cache, tokens, tables, positions, batch,
+                                                all_greedy, want_top, config=self.config)
+        return result
 
     def prefill(self, works: Seq[PrefillWork]) -> list[SampledRow | None]:
         """Compute K/V for the chunks of ``works`` in one packed call; sample the next token of each
         work that completes its prompt (``None`` for the others)."""
-        tokens = np.zeros(bucket(sum(len(w.tokens) for w in works), 16), np.int32)
-        positions, rows = np.zeros_like(tokens), np.full_like(tokens, -1)
-        table = np.zeros(bucket(sum(len(w.seq.blocks) for w in works), 4), np.int32)
-        table_rows = np.full_like(table, -1)
-        starts, last = np.zeros(bucket(len(works)), np.int32), np.zeros(bucket(len(works)), np.int32)
+        if len(works) > self.max_prefills or sum(len(w.seq.blocks) for w in works) > self.table_capacity:
+            raise ValueError(f"a prefill call takes at most {self.max_prefills} sequences owning "
+                             f"{self.table_capacity} blocks")
+        arrays = self._prefill_arrays(sum(len(w.tokens) for w in works))
         t = b = 0
         for i, work in enumerate(works):
             n, blocks = len(work.tokens), work.seq.blocks
-            tokens[t: t + n], rows[t: t + n] = work.tokens, i
-            positions[t: t + n] = np.arange(work.start, work.start + n)
-            table[b: b + len(blocks)], table_rows[b: b + len(blocks)], starts[i] = blocks, i, b
-            last[i] = t + n - 1
+            arrays["tokens"][t: t + n], arrays["rows"][t: t + n] = work.tokens, i
+            arrays["positions"][t: t + n] = np.arange(work.start, work.start + n)
+            arrays["table"][b: b + len(blocks)], arrays["table_rows"][b: b + len(blocks)] = blocks, i
+            arrays["starts"][i], arrays["last"][i] = b, t + n - 1
             t, b = t + n, b + len(blocks)
-        batch, num_top = self._sampling([*(w.seq for w in works), *[None] * (len(starts) - len(works))])
-        result, self.cache = _prefill_and_sample(
-            self.params, self.cache, tokens, positions, rows, table, table_rows, starts, last, batch,
-            config=self.config, num_top=num_top,
-        )
+        result = self._prefill_call(arrays, [*(w.seq for w in works), *[None] * (self.max_prefills - len(works))])
         return [row if work.last else None for row, work in zip(self._rows(result, len(works)), works, strict=True)]
 
     def decode(self, seqs: Seq[Sequence]) -> list[SampledRow]:
         """One token for each sequence (its last token is the input)."""
         rows = bucket(len(seqs))
-        width = bucket(max(len(s.blocks) for s in seqs), 4)
         tokens = np.zeros(rows, np.int32)
         positions = np.full(rows, -1, np.int32)
-        tables = np.zeros((rows, width), np.int32)
+        tables = np.zeros((rows, self.table_width), np.int32)
         for i, seq in enumerate(seqs):
             tokens[i], positions[i] = seq.tokens[-1], seq.num_computed
             tables[i, : len(seq.blocks)] = seq.blocks
-        batch, num_top = self._sampling([*seqs, *[None] * (rows - len(seqs))])
-        all_greedy = bool((batch.temperature <= 0).all())  # a greedy-only batch skips the random path
-        result, self.cache = _decode_and_sample(
-            self.params, self.cache, tokens, tables, positions, batch, config=self.config, num_top=num_top,
-            all_greedy=all_greedy,
-        )
+        result = self._decode_call(tokens, tables, positions, [*seqs, *[None] * (rows - len(seqs))])
         return self._rows(result, len(seqs))
 
     @staticmethod
@@ -145,4 +210,3 @@ class ModelRunner:
         tokens, logprobs = np.asarray(result.tokens), np.asarray(result.logprobs)
         top_ids, top_logprobs = np.asarray(result.top_ids), np.asarray(result.top_logprobs)
         return [SampledRow(int(tokens[i]), float(logprobs[i]), top_ids[i], top_logprobs[i]) for i in range(count)]
-

@@ -38,5 +38,10 @@ class JaxOptions:
         "help": "most requests waiting for a batch slot or memory; more get HTTP 503"})
     prefill_chunk: int = attrs.field(default=256, validator=attrs.validators.ge(16), metadata={
         "help": "most prompt tokens prefilled per step (bounds how long running streams pause)"})
+    max_prefills: int = attrs.field(default=8, validator=attrs.validators.ge(1), metadata={
+        "help": "most waiting sequences prefilled together in one step (packed into one call)"})
+    compile_cache_dir: str = attrs.field(default=str(Path("~/.cache/lamina/jax-compile").expanduser()), metadata={
+        "help": "folder of JAX's persistent compilation cache, so a restart compiles nothing ('' to turn it off; "
+                "an already configured jax_compilation_cache_dir wins)"})
     max_model_len: int = attrs.field(default=2048, validator=attrs.validators.ge(16), metadata={
         "help": "most tokens (prompt + output) per sequence, capped by the model's context"})

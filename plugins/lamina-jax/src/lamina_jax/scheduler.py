@@ -1,17 +1,18 @@
 """Continuous batching: which sequences run in the next engine step.
 
-Every step decodes one token for each running sequence and, beside that, prefills one
-chunk of at most ``prefill_chunk`` tokens of the oldest waiting sequence (chunked prefill),
-so a long prompt delays running streams by one chunk per step, never by the whole prompt.
-New sequences join the running batch as soon as their prompt is in the cache; finished and
-aborted ones leave at once and free their blocks.
+Every step decodes one token for each running sequence and, beside that, prefills waiting
+sequences in queue order, packed into one call, within a budget of ``prefill_chunk`` tokens:
+at most ``max_prefills`` of them, owning at most ``table_capacity`` blocks together, every one
+but the last whole. A long prompt is prefilled in chunks (chunked prefill), so it delays running
+streams by one chunk per step, never by the whole prompt, and a burst of short prompts starts
+together instead of one per step. New sequences join the running batch as soon as their prompt
+is in the cache; finished and aborted ones leave at once and free their blocks.
 
-With a batching policy (the stack's ``[batching]``), the step may instead prefill up to
-``policy.max_prefills`` waiting sequences in order, packed into one call, within the same
-``prefill_chunk`` tokens: every one but the last is prefilled whole. Before starting new
-sequences the scheduler asks ``policy.wait_s``: while it is positive, no new prefill starts
-(one already half done continues) and ``hold_s`` says for how long; running sequences keep
-decoding meanwhile. The engine reports each step's first-token latency back to the policy.
+With a batching policy (the stack's ``[batching]``), at most ``policy.max_prefills`` are packed
+instead, and before starting new sequences the scheduler asks ``policy.wait_s``: while it is
+positive, no new prefill starts (one already half done continues) and ``hold_s`` says for how
+long; running sequences keep decoding meanwhile. The engine reports each step's first-token
+latency back to the policy.
 
 KV blocks are taken as sequences grow. When a running sequence needs a block and none is
 free, the most recently admitted running sequence is preempted: its blocks are freed and
@@ -113,7 +114,7 @@ class Scheduler:
     """Owns the queue, the running batch and the block allocator; runs on the engine thread."""
 
     def __init__(self, allocator: BlockAllocator, *, block_size: int, max_batch: int, prefill_chunk: int,
-                 prefix_cache: PrefixCache | None = None, batching: BatchingPolicy | None = None,
+                 max_prefills: int = 8, table_capacity: int = 256, prefix_cache: PrefixCache | None = None, batching: BatchingPolicy | None = None,
                  prewarm: PrewarmPolicy | None = None) -> None:
         self.allocator = allocator
         self.prefix_cache = prefix_cache
@@ -125,6 +126,8 @@ class Scheduler:
         self.block_size = block_size
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
+        self.max_prefills = max_prefills
+        self.table_capacity = table_capacity
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -306,31 +309,33 @@ class Scheduler:
         room = self.max_batch - num_decoding
         if not self.waiting or room <= 0:
             return []
-        limit = 1
+        limit = self.max_prefills
         if self.batching is not None:
             state = self.state(now)
             if not self.waiting[0].blocks:  # no prefill under way: the policy may hold new ones
                 self.hold_s = self.batching.wait_s(state)
                 if self.hold_s > 0:
                     return []
-            limit = self.batching.max_prefills(state)
+            limit = min(self.batching.max_prefills(state), limit)
         works: list[PrefillWork] = []
-        budget = self.prefill_chunk
+        budget, table_room = self.prefill_chunk, self.table_capacity
         for seq in itertools.islice(self.waiting, min(limit, room)):
-            work = self._chunk(seq, budget)
+            work = self._chunk(seq, budget, table_room)
             if work is None:
                 break
             works.append(work)
             budget -= len(work.tokens)
+            table_room -= len(seq.blocks)
             if budget <= 0:  # the last work may be a partial chunk; the others are whole
                 break
         return works
 
-    def _chunk(self, seq: Sequence, budget: int) -> PrefillWork | None:
-        """The next chunk of ``seq``, at most ``budget`` tokens; ``None`` if memory is short."""
+    def _chunk(self, seq: Sequence, budget: int, table_room: int) -> PrefillWork | None:
+        """The next chunk of ``seq``, at most ``budget`` tokens, if ``seq`` then owns at most
+        ``table_room`` blocks; ``None`` if it would not, or if memory is short."""
         self._reuse_cached_prefix(seq)
         start = seq.num_computed
         end = min(start + budget, seq.prefill_target)
-        if not self._grow(seq, end):
+        if blocks_for(end, self.block_size) > table_room or not self._grow(seq, end):
             return None
         return PrefillWork(seq=seq, start=start, tokens=seq.tokens[start:end], last=end == seq.prefill_target)
