@@ -26,7 +26,7 @@ def run_stack(model: Path, prefix_cache: bool, rounds: list[list[Request]], **ex
               ) -> tuple[list[list[list[int]]], dict[str, float]]:
     config: dict[str, Any] = {"executor": {"use": "jax", "model": str(model), "block_size": 4, "max_batch": 4,
                                            "prefill_chunk": 16, "max_model_len": 256, "kv_cache_mb": 0.1,
-                                           **executor}}
+                                           "weights_dtype": "float32", **executor}}
     if prefix_cache:
         config["prefix_cache"] = {"use": "radix", "block_size": 4}
     plugins = load_plugins()

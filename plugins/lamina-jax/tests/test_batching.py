@@ -93,7 +93,8 @@ def test_a_policy_cannot_pack_more_than_the_executor_allows() -> None:
 
 
 async def started(path: Path, policy: BatchingPolicy | None, **options: Any) -> JaxExecutor:
-    executor = JaxExecutor(JaxOptions(model=str(path), **{"kv_cache_mb": 1, "max_model_len": 128, **options}),
+    options = {"kv_cache_mb": 1, "max_model_len": 128, "weights_dtype": "float32", **options}
+    executor = JaxExecutor(JaxOptions(model=str(path), **options),
                            batching=policy)
     await executor.start()
     return executor

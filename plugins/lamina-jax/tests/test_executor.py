@@ -32,7 +32,9 @@ async def collect(executor: JaxExecutor, request: Request) -> list[TokenChunk]:
 
 
 def executor_for(path: Path, **options: Any) -> JaxExecutor:
-    return JaxExecutor(JaxOptions(model=str(path), **{"kv_cache_mb": 1, "max_model_len": 128, **options}))
+    # float32 everywhere: these tests compare tokens with a float32 reference, across batch sizes
+    options = {"kv_cache_mb": 1, "max_model_len": 128, "weights_dtype": "float32", **options}
+    return JaxExecutor(JaxOptions(model=str(path), **options))
 
 
 async def started(path: Path, **options: Any) -> JaxExecutor:
@@ -245,3 +247,41 @@ def test_bfloat16_weights_serve_the_same_greedy_start(tiny_gguf: Path) -> None:
             await executor.stop()
 
     assert run(lambda: go("bfloat16"))[:2] == run(lambda: go("float32"))[:2]
+
+
+def test_auto_weights_serve_each_shape_in_the_format_measured_fastest(tiny_gguf: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``weights_dtype = "auto"`` holds the formats the start-up measurement chose and runs every
+    shape with its own; here the measurement is made to prefer bfloat16 for 16 rows or more."""
+    from lamina_jax import weight_formats
+
+    def measured(params: object, row_counts: list[int]) -> dict[int, dict[str, float]]:
+        assert row_counts == sorted(row_counts) and row_counts[0] == 1
+        return {rows: {"float32": 1.0, "bfloat16": 2.0 if rows < 16 else 0.5} for rows in row_counts}
+
+    monkeypatch.setattr(weight_formats, "measure", measured)
+    request = Request(id="a", model="tiny-llama", prompt="in the", sampling=SamplingParams(max_tokens=3, **GREEDY))
+
+    async def go() -> tuple[object, list[int]]:
+        executor = await started(tiny_gguf, weights_dtype="auto", max_batch=32)
+        try:
+            return executor.engine.runner, tokens_of(await collect(executor, request))
+        finally:
+            await executor.stop()
+
+    runner, output = run(go)
+    # rows 1..8 (decode only) take float32; 16..256 (decode and prefill), the majority, bfloat16
+    assert runner.params.embed.dtype == jnp.bfloat16, "the format chosen for most row counts is the default"
+    assert {shape: p.embed.dtype for shape, p in runner.shape_params.items()} == {
+        ("decode", rows): jnp.float32 for rows in (1, 2, 4, 8)}
+    assert len(output) == 3
+
+
+def test_the_format_measurement_times_both_formats() -> None:
+    from lamina_jax import weight_formats
+    from lamina_jax.testing import random_weights, tiny_config, to_params
+
+    timings = weight_formats.measure(to_params(random_weights(tiny_config(), seed=0)), [1, 16])
+    assert set(timings) == {1, 16} and all(set(t) == set(weight_formats.FORMATS) for t in timings.values())
+    assert all(seconds > 0 for t in timings.values() for seconds in t.values())
+    assert weight_formats.fastest({1: {"float32": 2.0, "bfloat16": 1.0}}) == {1: "bfloat16"}

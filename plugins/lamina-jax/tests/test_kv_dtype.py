@@ -114,7 +114,7 @@ def test_quantized_cache_is_donated_and_updated_in_place(params: LlamaParams, dt
 def test_executor_with_int8_cache_fits_more_blocks(tiny_gguf: Path) -> None:
     async def go(kv_dtype: str) -> tuple[int, list[int]]:
         executor = JaxExecutor(JaxOptions(model=str(tiny_gguf), kv_dtype=kv_dtype, kv_cache_mb=0.1,
-                                          max_model_len=128))
+                                          max_model_len=128, weights_dtype="float32"))
         await executor.start()
         try:
             request = Request(id="r", model=executor.model.id, prompt="the cat sat on",

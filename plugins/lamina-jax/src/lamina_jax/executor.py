@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import attrs
 import jax
-import jax.numpy as jnp
 import structlog
 from tqdm import tqdm
 
@@ -25,12 +25,14 @@ from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
 from lamina_jax.engine import Engine
 from lamina_jax.kv_cache import BlockAllocator, blocks_for
-from lamina_jax.model.llama import kv_bytes_per_position
+from lamina_jax import weight_formats
+from lamina_jax.model.llama import LlamaParams, kv_bytes_per_position
 from lamina_jax.model_runner import ModelRunner
 from lamina_jax.options import BUILTIN_MODEL, JaxOptions
 from lamina_jax.sampling import request_key
 from lamina_jax.scheduler import Scheduler, Sequence
 from lamina_jax.tokenizer import GGUFTokenizer
+from lamina_jax.weight_formats import cast
 from lamina_jax.weights.gguf import load_gguf, smollm2_path
 
 log = structlog.get_logger(__name__)
@@ -71,18 +73,17 @@ class JaxExecutor:
 
             loaded = load_gguf(self.path, progress=progress)
         config, options = loaded.config, self.options
-        params = loaded.params
-        if options.weights_dtype == "bfloat16":
-            params = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params)
         max_len = min(options.max_model_len, config.context_length)
         self.model = attrs.evolve(self.model, context_length=max_len)
         block_bytes = options.block_size * kv_bytes_per_position(config, options.kv_dtype)
         num_blocks = max(int(options.kv_cache_mb * 2**20 // block_bytes), blocks_for(max_len, options.block_size))
         self.tokenizer = GGUFTokenizer.from_metadata(loaded.metadata)
+        shapes = ModelRunner.shapes_for(max_batch=options.max_batch, prefill_chunk=options.prefill_chunk)
+        params, shape_params = self._weights(loaded.params, shapes)
         runner = ModelRunner(params, config, num_blocks=num_blocks, block_size=options.block_size,
                              max_batch=options.max_batch, max_blocks_per_seq=blocks_for(max_len, options.block_size),
                              prefill_chunk=options.prefill_chunk, max_prefills=options.max_prefills,
-                             kv_dtype=options.kv_dtype)
+                             kv_dtype=options.kv_dtype, shape_params=shape_params)
         self._precompile(runner)
         scheduler = Scheduler(BlockAllocator(num_blocks), block_size=options.block_size,
                               max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
@@ -92,6 +93,20 @@ class JaxExecutor:
                  kv_blocks=num_blocks, kv_dtype=options.kv_dtype, block_size=options.block_size,
                  max_model_len=max_len)
         return Engine(runner, scheduler, self.tokenizer, max_model_len=max_len)
+
+    def _weights(self, params: LlamaParams, shapes: list[tuple[str, int]],
+                 ) -> tuple[LlamaParams, dict[tuple[str, int], LlamaParams]]:
+        """The weights in the format(s) ``weights_dtype`` asks for: the default and those of particular shapes."""
+        if self.options.weights_dtype != "auto":
+            return cast(params, self.options.weights_dtype), {}
+        timings = weight_formats.measure(params, sorted({rows for _, rows in shapes}))
+        choice = weight_formats.fastest(timings)
+        counts = Counter(choice.values())
+        default = counts.most_common(1)[0][0]
+        formats = {dtype: cast(params, dtype) for dtype in counts}
+        log.info("weight_formats_chosen", model=self.model.id, chosen={str(r): d for r, d in choice.items()},
+                 ms={str(r): {d: round(t * 1e3, 2) for d, t in by.items()} for r, by in timings.items()})
+        return formats[default], {shape: formats[choice[shape[1]]] for shape in shapes if choice[shape[1]] != default}
 
     def _precompile(self, runner: ModelRunner) -> None:
         """Compile every shape serving can use, reading and writing JAX's persistent cache."""

@@ -19,7 +19,7 @@ Nothing here is CPU-specific: the same code runs on any JAX backend.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 
 import attrs
@@ -99,12 +99,15 @@ class ModelRunner:
     :param max_blocks_per_seq: the most blocks one sequence can own (its longest context).
     :param prefill_chunk: the most prompt tokens one prefill call carries.
     :param max_prefills: the most sequences one prefill call carries.
+    :param shape_params: weights (another format of ``params``) for some of the `shapes`.
     """
 
     def __init__(self, params: LlamaParams, config: LlamaConfig, *, num_blocks: int, block_size: int,
                  max_batch: int, max_blocks_per_seq: int, prefill_chunk: int, max_prefills: int,
-                 kv_dtype: KVDtype = "float32") -> None:
+                 kv_dtype: KVDtype = "float32", shape_params: Mapping[tuple[str, int], LlamaParams] | None = None,
+                 ) -> None:
         self.params, self.config = params, config
+        self.shape_params = dict(shape_params or {})
         self.num_blocks, self.block_size, self.max_batch = num_blocks, block_size, max_batch
         self.prefill_chunk, self.max_prefills = prefill_chunk, max_prefills
         self.kv_dtype = kv_dtype
@@ -118,10 +121,15 @@ class ModelRunner:
         self.cache = init_cache(self.config, num_blocks=self.num_blocks, block_size=self.block_size,
                                 dtype=self.kv_dtype)
 
-    def shapes(self) -> list[tuple[str, int]]:
+    @staticmethod
+    def shapes_for(*, max_batch: int, prefill_chunk: int) -> list[tuple[str, int]]:
         """Every (call, padded size) serving can use: decode batch sizes and prefill token counts."""
-        return ([("decode", rows) for rows in pow2_buckets(1, self.max_batch)]
-                + [("prefill", tokens) for tokens in pow2_buckets(16, self.prefill_chunk)])
+        return ([("decode", rows) for rows in pow2_buckets(1, max_batch)]
+                + [("prefill", tokens) for tokens in pow2_buckets(16, prefill_chunk)])
+
+    def shapes(self) -> list[tuple[str, int]]:
+        """`shapes_for` this runner."""
+        return self.shapes_for(max_batch=self.max_batch, prefill_chunk=self.prefill_chunk)
 
     def precompile(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Compile every shape of `shapes` by running it on padding only (which writes nothing to
@@ -164,14 +172,16 @@ class ModelRunner:
 
     def _prefill_call(self, arrays: dict[str, np.ndarray], seqs: Seq[Sequence | None]) -> SampleResult:
         batch, all_greedy, want_top = self._sampling(seqs)
-        result, self.cache = _prefill_and_sample(self.params, self.cache, batch=batch, all_greedy=all_greedy,
+        params = self.shape_params.get(("prefill", len(arrays["tokens"])), self.params)
+        result, self.cache = _prefill_and_sample(params, self.cache, batch=batch, all_greedy=all_greedy,
                                                  want_top=want_top, config=self.config, **arrays)
         return result
 
     def _decode_call(self, tokens: np.ndarray, tables: np.ndarray, positions: np.ndarray,
                      seqs: Seq[Sequence | None]) -> SampleResult:
         batch, all_greedy, want_top = self._sampling(seqs)
-        result, self.cache = _decode_and_sample(self.params, self.cache, tokens, tables, positions, batch,
+        params = self.shape_params.get(("decode", len(tokens)), self.params)
+        result, self.cache = _decode_and_sample(params, self.cache, tokens, tables, positions, batch,
                                                 all_greedy, want_top, config=self.config)
         return result
 

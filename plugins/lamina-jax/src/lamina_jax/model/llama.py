@@ -3,7 +3,7 @@
 Conventions:
 
 - Linear weights keep the GGUF (and PyTorch) layout ``[out_features, in_features]``: ``y = x @ w.T``.
-  They may be float32 or bfloat16; activations are float32. The KV cache is stored as float32,
+  They may be float32 or bfloat16 (see `linear`); activations are float32. The KV cache is stored as float32,
   bfloat16, int8 or fp8 e4m3 (the last two with a float32 scale per token and head, absmax / qmax),
   quantized on write and dequantized to float32 after the gather, inside attention.
 - Q and K weights are in Hugging Face row order (the GGUF loader undoes llama.cpp's permutation), so
@@ -161,6 +161,16 @@ def _rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
+def linear(x: jax.Array, w: jax.Array) -> jax.Array:
+    """``x @ w.T`` in float32: with a low-precision ``w`` the activations are cast to its dtype and
+    the dot accumulates in float32, so the backend runs its native kernel (bf16 × bf16 → f32, say)
+    instead of converting the whole weight to float32 first."""
+    if w.dtype == x.dtype:
+        return x @ w.T
+    return lax.dot_general(x.astype(w.dtype), w, (((x.ndim - 1,), (1,)), ((), ())),
+                           preferred_element_type=jnp.float32)
+
+
 def _rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
     """NeoX (half-split) rotary embedding of ``x [B, T, heads, head_dim]`` at ``positions [B, T]``."""
     half = x.shape[-1] // 2
@@ -177,9 +187,9 @@ def _qkv(
     """Project ``x [B, T, dim]`` to rotated queries and keys and to values, split into heads."""
     batch, length, _ = x.shape
     h = _rms_norm(x, layer.attn_norm, config.norm_eps)
-    q = (h @ layer.wq.T).reshape(batch, length, config.n_heads, config.head_dim)
-    k = (h @ layer.wk.T).reshape(batch, length, config.n_kv_heads, config.head_dim)
-    v = (h @ layer.wv.T).reshape(batch, length, config.n_kv_heads, config.head_dim)
+    q = linear(h, layer.wq).reshape(batch, length, config.n_heads, config.head_dim)
+    k = linear(h, layer.wk).reshape(batch, length, config.n_kv_heads, config.head_dim)
+    v = linear(h, layer.wv).reshape(batch, length, config.n_kv_heads, config.head_dim)
     return _rope(q, positions, config.rope_base), _rope(k, positions, config.rope_base), v
 
 
@@ -249,14 +259,14 @@ def _chunks_for(num_positions: jax.Array, block_size: int) -> jax.Array:
 
 def _finish_block(layer: LayerParams, x: jax.Array, attn: jax.Array, config: LlamaConfig) -> jax.Array:
     """Output projection, residual, and the SwiGLU MLP with its residual."""
-    x = x + attn @ layer.wo.T
+    x = x + linear(attn, layer.wo)
     h = _rms_norm(x, layer.ffn_norm, config.norm_eps)
-    return x + (jax.nn.silu(h @ layer.w_gate.T) * (h @ layer.w_up.T)) @ layer.w_down.T
+    return x + linear(jax.nn.silu(linear(h, layer.w_gate)) * linear(h, layer.w_up), layer.w_down)
 
 
 def _logits(params: LlamaParams, x: jax.Array, config: LlamaConfig) -> jax.Array:
     head = params.embed if params.lm_head is None else params.lm_head
-    return _rms_norm(x, params.norm, config.norm_eps) @ head.T
+    return linear(_rms_norm(x, params.norm, config.norm_eps), head)
 
 
 def _scale(scales: tuple[jax.Array, ...] | None, layer: int) -> jax.Array | None:
