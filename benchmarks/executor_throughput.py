@@ -121,11 +121,19 @@ async def jax_stream(executor: JaxExecutor, ids: list[int], max_tokens: int) -> 
 
 
 async def jax_concurrent(executor: JaxExecutor, streams: int, max_tokens: int) -> dict[str, float]:
-    """``streams`` short-prompt requests at once."""
+    """``streams`` short-prompt requests at once; and the engine's mean step time, split into the
+    model runner's calls and the engine's own host work."""
+    assert executor.engine is not None
+    before = executor.engine.times
     results = await asyncio.gather(*(jax_stream(executor, random_prompt(SHORT_LEN, next(_seeds)), max_tokens)
                                      for _ in range(streams)))
+    after = executor.engine.times
+    steps = max(after.steps - before.steps, 1)
     first, last = min(r.first for r in results), max(r.last for r in results)
-    return {"per_stream_tok_s": median([r.decode_rate for r in results]),
+    return {"step_ms": 1e3 * (after.step_s - before.step_s) / steps,
+            "model_ms_per_step": 1e3 * (after.model_s - before.model_s) / steps,
+            "host_ms_per_step": 1e3 * (after.host_s - before.host_s) / steps,
+            "per_stream_tok_s": median([r.decode_rate for r in results]),
             "aggregate_decode_tok_s": sum(r.tokens - 1 for r in results) / (last - first),
             "aggregate_e2e_tok_s": sum(r.tokens for r in results) / (last - min(r.start for r in results))}
 
@@ -225,9 +233,10 @@ async def run(args: argparse.Namespace) -> dict:
     load_s = time.perf_counter() - started
     assert executor.engine is not None
     runner = executor.engine.runner
-    held = {id(leaf): leaf for p in (runner.params, *runner.shape_params.values()) for leaf in jax.tree.leaves(p)}
+    held = {id(leaf): leaf for p in (runner.params, *(p for p, _ in runner.shape_weights.values()))
+            for leaf in jax.tree.leaves(p)}
     weight_bytes = sum(leaf.nbytes for leaf in held.values())
-    batch1_params = runner.shape_params.get(("decode", 1), runner.params)  # what a batch-1 step reads
+    batch1_params, _ = runner.weights_for("decode", 1)  # what a batch-1 step reads
     batch1_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(batch1_params))
     kv_bytes_per_token = sum(a.nbytes for a in jax.tree.leaves(runner.cache)) // (runner.num_blocks * runner.block_size)
     gguf = executor.path
@@ -251,7 +260,9 @@ async def run(args: argparse.Namespace) -> dict:
 
     prefill_ttft = median(r["prefill_512_ttft_s"] for r in jax_rounds)
     decode = [{"streams": n, **{key: median(r["decode"][n][key] for r in jax_rounds)
-                                for key in ("per_stream_tok_s", "aggregate_decode_tok_s", "aggregate_e2e_tok_s")}}
+                                for key in ("per_stream_tok_s", "aggregate_decode_tok_s", "aggregate_e2e_tok_s",
+                                            "step_ms", "model_ms_per_step", "host_ms_per_step")
+                                if key in jax_rounds[0]["decode"][n]}}
               for n in levels]
     batch1 = decode[0]["per_stream_tok_s"]
     jx = {"prefill_512_ttft_s": prefill_ttft, "prefill_tok_s": PREFILL_LEN / prefill_ttft,
@@ -346,6 +357,9 @@ def print_report(r: dict) -> None:
             line += (f" {ll['decode'][i]['aggregate_decode_tok_s']:15.1f} "
                      f"{ratio['aggregate_decode_tok_s'][str(d['streams'])]:16.2f}")
         print(line)
+    for d in jx["decode"][1:]:
+        print(f"engine step at {d['streams']} streams: {d['step_ms']:.1f} ms, of which model runner "
+              f"{d['model_ms_per_step']:.1f} ms and engine host work {d['host_ms_per_step']:.1f} ms")
     if measured:
         print(f"(aggregate decode tok/s; llama.cpp: llama-batched-bench -npp {SHORT_LEN} -ntg {c['decode_tokens']}, "
               "its S_TG t/s column)")
@@ -366,7 +380,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 rounds, 1 and 16 streams, 32 new tokens")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per figure (default 3, quick 2)")
-    parser.add_argument("--weights-dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+    parser.add_argument("--weights-dtype", choices=["auto", "float32", "bfloat16", "bfloat16-f32"], default="auto",
                         help="the executor's weights_dtype (default: auto, as the default stack)")
     add_peer_argument(parser)
     args = parser.parse_args()

@@ -1,8 +1,9 @@
 """Weight formats on SmolLM2-135M-Instruct: the accuracy gate for bfloat16 weights, and what
 ``weights_dtype = "auto"`` chooses on this machine.
 
-For float32 and bfloat16 weights (bfloat16 dots accumulate in float32), with a float32 KV cache,
-through the model functions of ``lamina_jax`` (the helpers of ``kv_dtype.py``):
+For each weight format of ``lamina_jax.weight_formats`` (float32; bfloat16 with native bf16 dots
+accumulating in float32; bfloat16 weights computed in float32), with a float32 KV cache, through
+the model functions of ``lamina_jax`` (the helpers of ``kv_dtype.py``):
 
 1. perplexity over held-out ShareGPT assistant text (4096 tokens; 2048 with ``--quick``),
    prefilled in chunks of 512 through the paged cache, and its change against float32 (the gate:
@@ -58,15 +59,16 @@ def main() -> None:
     results: dict[str, dict[str, Any]] = {}
     greedy: dict[str, np.ndarray] = {}
     with tqdm(total=len(weight_formats.FORMATS) * 3, desc="weight formats", file=sys.stderr) as bar:
-        for dtype in weight_formats.FORMATS:
-            params = weight_formats.cast(model.params, dtype)
-            row: dict[str, Any] = {"perplexity": perplexity(params, config, "float32", held_out)}
+        for fmt, (dtype, _) in weight_formats.FORMATS.items():
+            params, fmt_config = weight_formats.cast(model.params, dtype), weight_formats.configure(config, fmt)
+            row: dict[str, Any] = {"perplexity": perplexity(params, fmt_config, "float32", held_out)}
             bar.update()
-            _, row["decode_tok_s_16_streams"] = greedy_batch(params, config, "float32", speed_prompts, NEW_TOKENS)
+            _, row["decode_tok_s_16_streams"] = greedy_batch(params, fmt_config, "float32", speed_prompts,
+                                                             NEW_TOKENS)
             bar.update()
-            greedy[dtype], _ = greedy_batch(params, config, "float32", agree_prompts, AGREE_TOKENS)
+            greedy[fmt], _ = greedy_batch(params, fmt_config, "float32", agree_prompts, AGREE_TOKENS)
             bar.update()
-            results[dtype] = row
+            results[fmt] = row
     base = results["float32"]["perplexity"]
     for dtype, row in results.items():
         same = greedy[dtype] == greedy["float32"]
@@ -84,15 +86,15 @@ def main() -> None:
     print(f"SmolLM2-135M-Instruct, JAX {jax.__version__} on {jax.default_backend()} "
           f"({platform.processor() or platform.machine()}); perplexity over {len(held_out)} ShareGPT tokens; "
           f"agreement over {len(agree_prompts)} prompts x {AGREE_TOKENS} tokens")
-    print(f"{'weights':<9} {'ppl':>8} {'Δppl%':>8} {'gate':>5} {'agree':>7} {'same':>8} {'tok/s@16':>9}")
+    print(f"{'weights':<13} {'ppl':>8} {'Δppl%':>8} {'gate':>5} {'agree':>7} {'same':>8} {'tok/s@16':>9}")
     for dtype, row in results.items():
-        print(f"{dtype:<9} {row['perplexity']:>8.3f} {row['perplexity_delta_pct']:>+8.2f} "
+        print(f"{dtype:<13} {row['perplexity']:>8.3f} {row['perplexity_delta_pct']:>+8.2f} "
               f"{'ok' if row['passes_gate'] else 'FAIL':>5} {row['greedy_agreement']:>7.3f} "
               f"{row['identical_continuations']:>4}/{len(agree_prompts):<3} {row['decode_tok_s_16_streams']:>9.1f}")
     print("\n'auto' at start-up: ms per layer's projections, and the choice")
     for n in rows:
-        print(f"  {n:>4} rows: float32 {timings[n]['float32'] * 1e3:7.3f}  bfloat16 {timings[n]['bfloat16'] * 1e3:7.3f}"
-              f"  -> {chosen[n]}")
+        print(f"  {n:>4} rows: " + "  ".join(f"{fmt} {t * 1e3:7.3f}" for fmt, t in timings[n].items())
+              + f"  -> {chosen[n]}")
     if args.json:
         print(json.dumps({"benchmark": "weights_dtype", "quick": args.quick, "ppl_tokens": len(held_out),
                           "agreement_prompts": len(agree_prompts), "gate_pct": GATE_PCT, "results": results,

@@ -251,13 +251,15 @@ def test_bfloat16_weights_serve_the_same_greedy_start(tiny_gguf: Path) -> None:
 
 def test_auto_weights_serve_each_shape_in_the_format_measured_fastest(tiny_gguf: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``weights_dtype = "auto"`` holds the formats the start-up measurement chose and runs every
-    shape with its own; here the measurement is made to prefer bfloat16 for 16 rows or more."""
+    """``weights_dtype = "auto"`` holds the weights the start-up measurement chose and runs every
+    shape in its own format; here the measurement is made to prefer bfloat16 computed in float32
+    below 16 rows and native bfloat16 from 16 on (so float32 weights are not held at all)."""
     from lamina_jax import weight_formats
 
     def measured(params: object, row_counts: list[int]) -> dict[int, dict[str, float]]:
         assert row_counts == sorted(row_counts) and row_counts[0] == 1
-        return {rows: {"float32": 1.0, "bfloat16": 2.0 if rows < 16 else 0.5} for rows in row_counts}
+        return {rows: {"float32": 1.0, "bfloat16": 2.0 if rows < 16 else 0.5, "bfloat16-f32": 0.7}
+                for rows in row_counts}
 
     monkeypatch.setattr(weight_formats, "measure", measured)
     request = Request(id="a", model="tiny-llama", prompt="in the", sampling=SamplingParams(max_tokens=3, **GREEDY))
@@ -270,14 +272,15 @@ def test_auto_weights_serve_each_shape_in_the_format_measured_fastest(tiny_gguf:
             await executor.stop()
 
     runner, output = run(go)
-    # rows 1..8 (decode only) take float32; 16..256 (decode and prefill), the majority, bfloat16
-    assert runner.params.embed.dtype == jnp.bfloat16, "the format chosen for most row counts is the default"
-    assert {shape: p.embed.dtype for shape, p in runner.shape_params.items()} == {
-        ("decode", rows): jnp.float32 for rows in (1, 2, 4, 8)}
+    # rows 1..8 (decode only) take bfloat16-f32; 16..256 (decode and prefill), the majority, bfloat16
+    assert runner.params.embed.dtype == jnp.bfloat16 and runner.config.matmul_dtype is None
+    assert {shape: (p.embed.dtype, c.matmul_dtype) for shape, (p, c) in runner.shape_weights.items()} == {
+        ("decode", rows): (jnp.bfloat16, "float32") for rows in (1, 2, 4, 8)}
+    assert runner.shape_weights[("decode", 1)][0] is runner.params, "one bfloat16 copy serves both formats"
     assert len(output) == 3
 
 
-def test_the_format_measurement_times_both_formats() -> None:
+def test_the_format_measurement_times_every_format() -> None:
     from lamina_jax import weight_formats
     from lamina_jax.testing import random_weights, tiny_config, to_params
 
@@ -285,3 +288,17 @@ def test_the_format_measurement_times_both_formats() -> None:
     assert set(timings) == {1, 16} and all(set(t) == set(weight_formats.FORMATS) for t in timings.values())
     assert all(seconds > 0 for t in timings.values() for seconds in t.values())
     assert weight_formats.fastest({1: {"float32": 2.0, "bfloat16": 1.0}}) == {1: "bfloat16"}
+
+
+def test_bfloat16_computed_in_float32_is_close_to_float32(tiny_gguf: Path) -> None:
+    """The ``bfloat16-f32`` format rounds only the weights: the first greedy tokens agree."""
+    request = Request(id="b", model="tiny-llama", prompt="in the", sampling=SamplingParams(max_tokens=3, **GREEDY))
+
+    async def go(fmt: str) -> list[int]:
+        executor = await started(tiny_gguf, weights_dtype=fmt)
+        try:
+            return tokens_of(await collect(executor, request))
+        finally:
+            await executor.stop()
+
+    assert run(lambda: go("bfloat16-f32"))[:2] == run(lambda: go("float32"))[:2]

@@ -71,7 +71,7 @@ def test_init_cache_dtypes_and_scales() -> None:
         assert cache.k[0].dtype == storage and cache.v[1].dtype == storage
         assert (cache.k_scale is not None) == scaled and (cache.v_scale is not None) == scaled
         if scaled:
-            assert cache.k_scale[0].shape == (3, 8, CONFIG.n_kv_heads) and cache.k_scale[0].dtype == jnp.float32
+            assert cache.k_scale[0].shape == (3, CONFIG.n_kv_heads, 8) and cache.k_scale[0].dtype == jnp.float32
     per_head = {"float32": 64, "bfloat16": 32, "int8": 16 + 4, "fp8": 16 + 4}
     for dtype, size in per_head.items():
         assert kv_bytes_per_position(CONFIG, dtype) == 2 * CONFIG.n_layers * CONFIG.n_kv_heads * size
@@ -107,8 +107,8 @@ def test_quantized_cache_is_donated_and_updated_in_place(params: LlamaParams, dt
     assert cache.k[1].is_deleted() and cache.k_scale[1].is_deleted()
     _, cache3 = decode(params, cache2, jnp.asarray([3]), table[None], jnp.asarray([2]), config=CONFIG)
     assert (cache3.k[1].unsafe_buffer_pointer(), cache3.k_scale[1].unsafe_buffer_pointer()) == pointers
-    assert np.asarray(cache3.k_scale[1][0, :3]).min() > 0  # three positions written, with scales
-    np.testing.assert_array_equal(np.asarray(cache3.k_scale[1][0, 3:]), 0)  # the rest untouched
+    assert np.asarray(cache3.k_scale[1][0, :, :3]).min() > 0  # three positions written, with scales
+    np.testing.assert_array_equal(np.asarray(cache3.k_scale[1][0, :, 3:]), 0)  # the rest untouched
 
 
 def test_executor_with_int8_cache_fits_more_blocks(tiny_gguf: Path) -> None:

@@ -24,7 +24,7 @@ def params(weights: dict) -> LlamaParams:
 def stale_cache(seed: int = 1) -> KVCache:
     """A cache full of large random values, standing in for whatever earlier sequences left behind."""
     rng = np.random.default_rng(seed)
-    shape = (NUM_BLOCKS, BLOCK, CONFIG.n_kv_heads, CONFIG.head_dim)
+    shape = (NUM_BLOCKS, CONFIG.n_kv_heads, BLOCK, CONFIG.head_dim)
 
     def buffers() -> tuple:
         return tuple(jnp.asarray(10 * rng.standard_normal(shape), jnp.float32) for _ in range(CONFIG.n_layers))
@@ -57,7 +57,7 @@ def test_init_cache_shape() -> None:
     cache = init_cache(CONFIG, num_blocks=3, block_size=8)
     assert (cache.num_blocks, cache.block_size) == (3, 8)
     assert len(cache.k) == len(cache.v) == CONFIG.n_layers
-    assert cache.k[0].shape == (3, 8, CONFIG.n_kv_heads, CONFIG.head_dim)
+    assert cache.k[0].shape == (3, CONFIG.n_kv_heads, 8, CONFIG.head_dim)
 
 
 def test_prefill_and_batched_decode_match_forward(params: LlamaParams) -> None:
@@ -92,8 +92,8 @@ def test_prefill_writes_only_real_tokens(params: LlamaParams) -> None:
     before = stale_cache()
     for layer in range(CONFIG.n_layers):
         assert not np.allclose(cache.k[layer][3], before.k[layer][3])
-        assert not np.allclose(cache.k[layer][8, :1], before.k[layer][8, :1])
-        np.testing.assert_array_equal(cache.k[layer][8, 1:], before.k[layer][8, 1:])
+        assert not np.allclose(cache.k[layer][8, :, :1], before.k[layer][8, :, :1])
+        np.testing.assert_array_equal(cache.k[layer][8, :, 1:], before.k[layer][8, :, 1:])
         np.testing.assert_array_equal(cache.v[layer][0], before.v[layer][0])
 
 
@@ -118,8 +118,8 @@ def test_packed_prefill_of_several_sequences_matches_forward(params: LlamaParams
     untouched = stale_cache()
     for layer in range(CONFIG.n_layers):  # block 0 pads the table; 7 and 11 are written only in part
         np.testing.assert_array_equal(cache.k[layer][0], untouched.k[layer][0])
-        np.testing.assert_array_equal(cache.k[layer][7, 2:], untouched.k[layer][7, 2:])
-        np.testing.assert_array_equal(cache.v[layer][11, 3:], untouched.v[layer][11, 3:])
+        np.testing.assert_array_equal(cache.k[layer][7, :, 2:], untouched.k[layer][7, :, 2:])
+        np.testing.assert_array_equal(cache.v[layer][11, :, 3:], untouched.v[layer][11, :, 3:])
 
 
 def test_chunked_prefill_with_all_logits_matches_forward(params: LlamaParams) -> None:

@@ -35,6 +35,7 @@ import queue
 import threading
 import time
 
+import attrs
 import numpy as np
 import structlog
 
@@ -61,6 +62,21 @@ class _Output:
         self.stop_text = StopText(seq.sampling.stop)
 
 
+@attrs.define
+class StepTimes:
+    """Where the engine's steps spent their time: ``model_s`` inside the model runner's calls
+    (padded input arrays, device work, the copy of the sampled tokens back), the rest of
+    ``step_s`` in the engine's own host work (scheduling, detokenizing, stop checks, emitting)."""
+
+    steps: int = 0
+    step_s: float = 0.0
+    model_s: float = 0.0
+
+    @property
+    def host_s(self) -> float:
+        return self.step_s - self.model_s
+
+
 class Engine:
     """Steps a model over a continuously changing batch on its own thread."""
 
@@ -80,6 +96,8 @@ class Engine:
         self._warm_ids = itertools.count()
         self.prewarm_computed = 0
         """Prefixes computed ahead for the pre-warm policy."""
+        self.times = StepTimes()
+        """Totals over every step that ran (read from any thread; a benchmark diffs two readings)."""
 
     # -- called from the event loop ---------------------------------------------------
 
@@ -179,8 +197,10 @@ class Engine:
             return self.scheduler.hold_s or 0.001
         before = self.generated_tokens
         try:
-            self._run_step(step)
+            model_s = self._run_step(step)
             self._count(self.generated_tokens - before, started)
+            self.times = StepTimes(self.times.steps + 1, self.times.step_s + time.monotonic() - started,
+                                   self.times.model_s + model_s)
         except Exception:
             log.exception("engine_step_failed", request_ids=[s.request_id for s in self._in(step)])
             self.runner.reset_cache()
@@ -193,22 +213,27 @@ class Engine:
     def _in(step: Step) -> list[Sequence]:
         return [w.seq for w in step.prefills] + step.decode
 
-    def _run_step(self, step: Step) -> None:
-        if step.prefills:
-            self._prefill(step.prefills)
+    def _run_step(self, step: Step) -> float:
+        """Run the step's calls and take their tokens; returns the seconds spent in the model runner."""
+        model_s = self._prefill(step.prefills) if step.prefills else 0.0
         if step.decode:
+            started = time.monotonic()
             rows = self.runner.decode(step.decode)
+            model_s += time.monotonic() - started
             for seq, row in zip(step.decode, rows, strict=True):
                 seq.num_computed += 1
                 self._accept(seq, row)
+        return model_s
 
-    def _prefill(self, works: list[PrefillWork]) -> None:
+    def _prefill(self, works: list[PrefillWork]) -> float:
         now = time.monotonic()
         for work in works:
             if work.seq.queue_s is None:
                 work.seq.queue_s = now - work.seq.submitted_at
         first = []  # sequences that get their first token now (not a recomputation after preemption)
-        for work, sampled in zip(works, self.runner.prefill(works), strict=True):
+        sampled_rows = self.runner.prefill(works)
+        model_s = time.monotonic() - now
+        for work, sampled in zip(works, sampled_rows, strict=True):
             self.scheduler.finish_prefill(work)
             if sampled is not None and not work.seq.output_ids:
                 if not work.seq.warm:
@@ -217,6 +242,7 @@ class Engine:
         if first:
             now = time.monotonic()
             self.scheduler.observe(max(now - seq.submitted_at for seq in first), now)
+        return model_s
 
     def _accept(self, seq: Sequence, row: SampledRow) -> None:
         output = self._outputs[seq]

@@ -26,13 +26,14 @@ from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
 from lamina_jax.engine import Engine
 from lamina_jax.kv_cache import BlockAllocator, blocks_for
 from lamina_jax import weight_formats
+from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import LlamaParams, kv_bytes_per_position
 from lamina_jax.model_runner import ModelRunner
 from lamina_jax.options import BUILTIN_MODEL, JaxOptions
 from lamina_jax.sampling import request_key
 from lamina_jax.scheduler import Scheduler, Sequence
 from lamina_jax.tokenizer import GGUFTokenizer
-from lamina_jax.weight_formats import cast
+from lamina_jax.weight_formats import cast, configure
 from lamina_jax.weights.gguf import load_gguf, smollm2_path
 
 log = structlog.get_logger(__name__)
@@ -79,11 +80,11 @@ class JaxExecutor:
         num_blocks = max(int(options.kv_cache_mb * 2**20 // block_bytes), blocks_for(max_len, options.block_size))
         self.tokenizer = GGUFTokenizer.from_metadata(loaded.metadata)
         shapes = ModelRunner.shapes_for(max_batch=options.max_batch, prefill_chunk=options.prefill_chunk)
-        params, shape_params = self._weights(loaded.params, shapes)
-        runner = ModelRunner(params, config, num_blocks=num_blocks, block_size=options.block_size,
+        params, model_config, shape_weights = self._weights(loaded.params, config, shapes)
+        runner = ModelRunner(params, model_config, num_blocks=num_blocks, block_size=options.block_size,
                              max_batch=options.max_batch, max_blocks_per_seq=blocks_for(max_len, options.block_size),
                              prefill_chunk=options.prefill_chunk, max_prefills=options.max_prefills,
-                             kv_dtype=options.kv_dtype, shape_params=shape_params)
+                             kv_dtype=options.kv_dtype, shape_weights=shape_weights)
         self._precompile(runner)
         scheduler = Scheduler(BlockAllocator(num_blocks), block_size=options.block_size,
                               max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
@@ -94,19 +95,22 @@ class JaxExecutor:
                  max_model_len=max_len)
         return Engine(runner, scheduler, self.tokenizer, max_model_len=max_len)
 
-    def _weights(self, params: LlamaParams, shapes: list[tuple[str, int]],
-                 ) -> tuple[LlamaParams, dict[tuple[str, int], LlamaParams]]:
-        """The weights in the format(s) ``weights_dtype`` asks for: the default and those of particular shapes."""
+    def _weights(self, params: LlamaParams, config: LlamaConfig, shapes: list[tuple[str, int]],
+                 ) -> tuple[LlamaParams, LlamaConfig, dict[tuple[str, int], tuple[LlamaParams, LlamaConfig]]]:
+        """The weights in the format(s) ``weights_dtype`` asks for: the default, and those of the
+        shapes served in another format."""
         if self.options.weights_dtype != "auto":
-            return cast(params, self.options.weights_dtype), {}
+            fmt = self.options.weights_dtype
+            return cast(params, weight_formats.FORMATS[fmt][0]), configure(config, fmt), {}
         timings = weight_formats.measure(params, sorted({rows for _, rows in shapes}))
         choice = weight_formats.fastest(timings)
-        counts = Counter(choice.values())
-        default = counts.most_common(1)[0][0]
-        formats = {dtype: cast(params, dtype) for dtype in counts}
-        log.info("weight_formats_chosen", model=self.model.id, chosen={str(r): d for r, d in choice.items()},
-                 ms={str(r): {d: round(t * 1e3, 2) for d, t in by.items()} for r, by in timings.items()})
-        return formats[default], {shape: formats[choice[shape[1]]] for shape in shapes if choice[shape[1]] != default}
+        default = Counter(choice.values()).most_common(1)[0][0]
+        held = {dtype: cast(params, dtype) for dtype in {weight_formats.FORMATS[f][0] for f in choice.values()}}
+        weights = {fmt: (held[weight_formats.FORMATS[fmt][0]], configure(config, fmt)) for fmt in set(choice.values())}
+        log.info("weight_formats_chosen", model=self.model.id, chosen={str(r): f for r, f in choice.items()},
+                 ms={str(r): {f: round(t * 1e3, 2) for f, t in by.items()} for r, by in timings.items()})
+        return (*weights[default], {shape: weights[choice[shape[1]]] for shape in shapes
+                                    if choice[shape[1]] != default})
 
     def _precompile(self, runner: ModelRunner) -> None:
         """Compile every shape serving can use, reading and writing JAX's persistent cache."""

@@ -99,15 +99,16 @@ class ModelRunner:
     :param max_blocks_per_seq: the most blocks one sequence can own (its longest context).
     :param prefill_chunk: the most prompt tokens one prefill call carries.
     :param max_prefills: the most sequences one prefill call carries.
-    :param shape_params: weights (another format of ``params``) for some of the `shapes`.
+    :param shape_weights: weights and configuration (another format of ``params``, see
+        `weight_formats`) for some of the `shapes`.
     """
 
     def __init__(self, params: LlamaParams, config: LlamaConfig, *, num_blocks: int, block_size: int,
                  max_batch: int, max_blocks_per_seq: int, prefill_chunk: int, max_prefills: int,
-                 kv_dtype: KVDtype = "float32", shape_params: Mapping[tuple[str, int], LlamaParams] | None = None,
-                 ) -> None:
+                 kv_dtype: KVDtype = "float32",
+                 shape_weights: Mapping[tuple[str, int], tuple[LlamaParams, LlamaConfig]] | None = None) -> None:
         self.params, self.config = params, config
-        self.shape_params = dict(shape_params or {})
+        self.shape_weights = dict(shape_weights or {})
         self.num_blocks, self.block_size, self.max_batch = num_blocks, block_size, max_batch
         self.prefill_chunk, self.max_prefills = prefill_chunk, max_prefills
         self.kv_dtype = kv_dtype
@@ -144,6 +145,10 @@ class ModelRunner:
             if progress is not None:
                 progress(done, len(shapes))
 
+    def weights_for(self, kind: str, size: int) -> tuple[LlamaParams, LlamaConfig]:
+        """The weights and configuration the shape ``(kind, size)`` runs with."""
+        return self.shape_weights.get((kind, size), (self.params, self.config))
+
     def _sampling(self, seqs: Seq[Sequence | None]) -> tuple[SamplingBatch, np.bool_, bool]:
         """Per-row parameters (``None`` rows are padding), whether all rows are greedy, whether any wants top logprobs."""
         rows = len(seqs)
@@ -172,17 +177,17 @@ class ModelRunner:
 
     def _prefill_call(self, arrays: dict[str, np.ndarray], seqs: Seq[Sequence | None]) -> SampleResult:
         batch, all_greedy, want_top = self._sampling(seqs)
-        params = self.shape_params.get(("prefill", len(arrays["tokens"])), self.params)
+        params, config = self.weights_for("prefill", len(arrays["tokens"]))
         result, self.cache = _prefill_and_sample(params, self.cache, batch=batch, all_greedy=all_greedy,
-                                                 want_top=want_top, config=self.config, **arrays)
+                                                 want_top=want_top, config=config, **arrays)
         return result
 
     def _decode_call(self, tokens: np.ndarray, tables: np.ndarray, positions: np.ndarray,
                      seqs: Seq[Sequence | None]) -> SampleResult:
         batch, all_greedy, want_top = self._sampling(seqs)
-        params = self.shape_params.get(("decode", len(tokens)), self.params)
+        params, config = self.weights_for("decode", len(tokens))
         result, self.cache = _decode_and_sample(params, self.cache, tokens, tables, positions, batch,
-                                                all_greedy, want_top, config=self.config)
+                                                all_greedy, want_top, config=config)
         return result
 
     def prefill(self, works: Seq[PrefillWork]) -> list[SampledRow | None]:

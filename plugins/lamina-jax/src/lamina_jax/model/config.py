@@ -17,6 +17,10 @@ class LlamaConfig:
     norm_eps: float
     rope_base: float
     context_length: int
+    matmul_dtype: str | None = None
+    """The dtype matrix products compute in: ``None``, the weights' own (bfloat16 weights run
+    native bf16 dots accumulating in float32); ``"float32"``, low-precision weights converted to
+    float32 inside the product (memory-bound products then read half the bytes)."""
 
     def __attrs_post_init__(self) -> None:
         if self.n_heads % self.n_kv_heads:

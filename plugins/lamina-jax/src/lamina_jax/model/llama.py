@@ -8,8 +8,8 @@ Conventions:
   quantized on write and dequantized to float32 after the gather, inside attention.
 - Q and K weights are in Hugging Face row order (the GGUF loader undoes llama.cpp's permutation), so
   RoPE is the NeoX half-split form: dimensions ``i`` and ``i + head_dim // 2`` rotate together.
-- The KV cache is paged: per layer one K and one V buffer ``[num_blocks, block_size, n_kv_heads,
-  head_dim]``. A sequence owns a list of blocks (its *block table*); position ``p`` lives in block
+- The KV cache is paged: per layer one K and one V buffer ``[num_blocks, n_kv_heads, block_size,
+  head_dim]`` (heads before positions, so attention's products need no transpose of the keys). A sequence owns a list of blocks (its *block table*); position ``p`` lives in block
   ``table[p // block_size]`` at offset ``p % block_size``. Blocks can be shared by sequences with a
   common prefix. ``prefill``, ``prefill_packed`` and ``decode`` donate the cache, so XLA updates it
   in place; layers are unrolled in Python rather than run under ``lax.scan``, which would copy the
@@ -91,10 +91,10 @@ def kv_bytes_per_position(config: LlamaConfig, dtype: KVDtype = "float32") -> in
 @_pytree
 @attrs.frozen(kw_only=True)
 class KVCache:
-    """Per-layer K and V block pools, each ``[num_blocks, block_size, n_kv_heads, head_dim]``.
+    """Per-layer K and V block pools, each ``[num_blocks, n_kv_heads, block_size, head_dim]``.
 
     The pools' dtype is the storage dtype. For the quantized ones (int8, fp8) ``k_scale`` and
-    ``v_scale`` hold per-layer float32 scales ``[num_blocks, block_size, n_kv_heads]``: a stored
+    ``v_scale`` hold per-layer float32 scales ``[num_blocks, n_kv_heads, block_size]``: a stored
     vector times its scale is the value; otherwise they are ``None``.
     """
 
@@ -109,13 +109,13 @@ class KVCache:
 
     @property
     def block_size(self) -> int:
-        return self.k[0].shape[1]
+        return self.k[0].shape[2]
 
 
 def init_cache(config: LlamaConfig, *, num_blocks: int, block_size: int, dtype: KVDtype = "float32") -> KVCache:
     """Allocate a zeroed pool of ``num_blocks`` blocks of ``block_size`` positions, stored as ``dtype``."""
     storage = _STORAGE[dtype]
-    shape = (num_blocks, block_size, config.n_kv_heads, config.head_dim)
+    shape = (num_blocks, config.n_kv_heads, block_size, config.head_dim)
 
     def pools(shape: tuple[int, ...], dtype: object) -> tuple[jax.Array, ...]:
         return tuple(jnp.zeros(shape, dtype) for _ in range(config.n_layers))
@@ -129,22 +129,25 @@ def init_cache(config: LlamaConfig, *, num_blocks: int, block_size: int, dtype: 
 
 
 def _gather(pool: jax.Array, tables: jax.Array) -> jax.Array:
-    """The positions ``tables [..., n]`` point at: ``[..., n * block_size, *pool.shape[2:]]``."""
-    blocks = pool[tables]
-    return blocks.reshape(*tables.shape[:-1], tables.shape[-1] * pool.shape[1], *pool.shape[2:])
+    """The positions ``tables [..., n]`` point at, heads first: ``[..., n_kv_heads, n * block_size,
+    *pool.shape[3:]]``."""
+    lead = tables.ndim - 1
+    blocks = jnp.moveaxis(pool[tables], lead + 1, lead)  # [..., n_kv_heads, n, block_size, ...]
+    return blocks.reshape(*tables.shape[:-1], pool.shape[1], tables.shape[-1] * pool.shape[2], *pool.shape[3:])
 
 
 def _write(pool: jax.Array, scale: jax.Array | None, x: jax.Array, blocks: jax.Array,
            offsets: jax.Array) -> tuple[jax.Array, jax.Array | None]:
     """Store ``x [N, n_kv_heads, head_dim]`` at ``(blocks, offsets)``, quantizing if ``scale`` is given."""
     if scale is None:
-        return pool.at[blocks, offsets].set(x.astype(pool.dtype), mode="drop"), None
+        return pool.at[blocks, :, offsets].set(x.astype(pool.dtype), mode="drop"), None
     qmax = _QMAX[jnp.dtype(pool.dtype)]
     s = jnp.max(jnp.abs(x), axis=-1) / qmax  # [N, n_kv_heads]
     q = x / jnp.where(s > 0, s, 1.0)[..., None]
     if jnp.issubdtype(pool.dtype, jnp.integer):
         q = jnp.clip(jnp.round(q), -qmax, qmax)
-    return pool.at[blocks, offsets].set(q.astype(pool.dtype), mode="drop"), scale.at[blocks, offsets].set(s, mode="drop")
+    return (pool.at[blocks, :, offsets].set(q.astype(pool.dtype), mode="drop"),
+            scale.at[blocks, :, offsets].set(s, mode="drop"))
 
 
 _Pools = tuple[jax.Array, jax.Array, jax.Array | None, jax.Array | None]
@@ -161,12 +164,15 @@ def _rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def linear(x: jax.Array, w: jax.Array) -> jax.Array:
-    """``x @ w.T`` in float32: with a low-precision ``w`` the activations are cast to its dtype and
-    the dot accumulates in float32, so the backend runs its native kernel (bf16 × bf16 → f32, say)
-    instead of converting the whole weight to float32 first."""
+def linear(x: jax.Array, w: jax.Array, matmul_dtype: str | None = None) -> jax.Array:
+    """``x @ w.T`` in float32. With a low-precision ``w`` and no ``matmul_dtype``, the activations
+    are cast to its dtype and the dot accumulates in float32, so the backend runs its native
+    kernel (bf16 × bf16 → f32, say); with ``matmul_dtype="float32"`` the weight is converted inside
+    the product instead (see `LlamaConfig.matmul_dtype`)."""
     if w.dtype == x.dtype:
         return x @ w.T
+    if matmul_dtype is not None:
+        return x @ w.astype(matmul_dtype).T
     return lax.dot_general(x.astype(w.dtype), w, (((x.ndim - 1,), (1,)), ((), ())),
                            preferred_element_type=jnp.float32)
 
@@ -187,9 +193,9 @@ def _qkv(
     """Project ``x [B, T, dim]`` to rotated queries and keys and to values, split into heads."""
     batch, length, _ = x.shape
     h = _rms_norm(x, layer.attn_norm, config.norm_eps)
-    q = linear(h, layer.wq).reshape(batch, length, config.n_heads, config.head_dim)
-    k = linear(h, layer.wk).reshape(batch, length, config.n_kv_heads, config.head_dim)
-    v = linear(h, layer.wv).reshape(batch, length, config.n_kv_heads, config.head_dim)
+    q = linear(h, layer.wq, config.matmul_dtype).reshape(batch, length, config.n_heads, config.head_dim)
+    k = linear(h, layer.wk, config.matmul_dtype).reshape(batch, length, config.n_kv_heads, config.head_dim)
+    v = linear(h, layer.wv, config.matmul_dtype).reshape(batch, length, config.n_kv_heads, config.head_dim)
     return _rope(q, positions, config.rope_base), _rope(k, positions, config.rope_base), v
 
 
@@ -223,20 +229,20 @@ def _paged_attention(q: jax.Array, pools: _Pools, tables: jax.Array, num_chunks:
     """
     k_pool, v_pool, k_scale, v_scale = pools
     groups, length, n_heads, head_dim = q.shape
-    n_kv_heads = k_pool.shape[2]
+    n_kv_heads = k_pool.shape[1]
     q = q.reshape(groups, length, n_kv_heads, n_heads // n_kv_heads, head_dim) / math.sqrt(head_dim)
 
     def chunk(i: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
         top, norm, acc = carry
         blocks = lax.dynamic_slice_in_dim(tables, i * ATTENTION_CHUNK, ATTENTION_CHUNK, axis=1)
-        keys, values = _read(k_pool, k_scale, blocks), _read(v_pool, v_scale, blocks)  # [G, L, H_kv, d]
-        scores = jnp.einsum("gtkhd,glkd->gtkhl", q, keys)
+        keys, values = _read(k_pool, k_scale, blocks), _read(v_pool, v_scale, blocks)  # [G, H_kv, L, d]
+        scores = jnp.einsum("gtkhd,gkld->gtkhl", q, keys)
         visible = key_mask(i)[:, :, None, None, :]
         new_top = jnp.maximum(top, jnp.max(jnp.where(visible, scores, _MASKED), axis=-1))
         probs = jnp.where(visible, jnp.exp(scores - new_top[..., None]), 0.0)
         rescale = jnp.exp(top - new_top)
         return (new_top, norm * rescale + jnp.sum(probs, axis=-1),
-                acc * rescale[..., None] + jnp.einsum("gtkhl,glkd->gtkhd", probs, values))
+                acc * rescale[..., None] + jnp.einsum("gtkhl,gkld->gtkhd", probs, values))
 
     shape = q.shape[:-1]
     init = (jnp.full(shape, _MASKED), jnp.zeros(shape), jnp.zeros(q.shape))
@@ -259,14 +265,15 @@ def _chunks_for(num_positions: jax.Array, block_size: int) -> jax.Array:
 
 def _finish_block(layer: LayerParams, x: jax.Array, attn: jax.Array, config: LlamaConfig) -> jax.Array:
     """Output projection, residual, and the SwiGLU MLP with its residual."""
-    x = x + linear(attn, layer.wo)
+    x = x + linear(attn, layer.wo, config.matmul_dtype)
     h = _rms_norm(x, layer.ffn_norm, config.norm_eps)
-    return x + linear(jax.nn.silu(linear(h, layer.w_gate)) * linear(h, layer.w_up), layer.w_down)
+    mm = config.matmul_dtype
+    return x + linear(jax.nn.silu(linear(h, layer.w_gate, mm)) * linear(h, layer.w_up, mm), layer.w_down, mm)
 
 
 def _logits(params: LlamaParams, x: jax.Array, config: LlamaConfig) -> jax.Array:
     head = params.embed if params.lm_head is None else params.lm_head
-    return linear(_rms_norm(x, params.norm, config.norm_eps), head)
+    return linear(_rms_norm(x, params.norm, config.norm_eps), head, config.matmul_dtype)
 
 
 def _scale(scales: tuple[jax.Array, ...] | None, layer: int) -> jax.Array | None:
