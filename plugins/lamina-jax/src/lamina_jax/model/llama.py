@@ -220,35 +220,48 @@ def _paged_attention(q: jax.Array, pools: _Pools, tables: jax.Array, num_chunks:
                      key_mask: Callable[[jax.Array], jax.Array]) -> jax.Array:
     """Attention of queries ``q [G, T, H, d]`` over the cached positions of block tables ``tables [G, n]``.
 
-    A loop runs over the tables ``ATTENTION_CHUNK`` blocks at a time, for ``num_chunks`` chunks
-    (a traced scalar: only the blocks in use are read, and the tables' width is no compiled
-    shape), folding each chunk into a running softmax (max, normaliser, weighted sum), so no
-    ``[T, L]`` score matrix over the whole context is ever held. ``key_mask(i) [G, T, chunk
-    positions]`` says which keys of chunk ``i`` each query may see; every real query must see at
-    least one key somewhere (its own position). ``n`` must be a multiple of ``ATTENTION_CHUNK``.
+    A loop runs over the tables ``ATTENTION_CHUNK`` blocks at a time, folding each chunk into a
+    running softmax (max, normaliser, weighted sum), so no ``[T, L]`` score matrix over the whole
+    context is ever held. The rows are split into ``S = len(num_chunks)`` equal segments, each
+    looping for its own ``num_chunks[s]`` chunks (traced: only the blocks in use are read, and the
+    tables' width is no compiled shape), so rows sorted by length do not all pay for the longest.
+    ``key_mask(i) [G, T, chunk positions]`` says which keys of chunk ``i`` each query may see;
+    every real query must see at least one key somewhere (its own position). ``n`` must be a
+    multiple of ``ATTENTION_CHUNK``.
     """
     k_pool, v_pool, k_scale, v_scale = pools
     groups, length, n_heads, head_dim = q.shape
     n_kv_heads = k_pool.shape[1]
     q = q.reshape(groups, length, n_kv_heads, n_heads // n_kv_heads, head_dim) / math.sqrt(head_dim)
+    rows = groups // num_chunks.shape[0]
 
-    def chunk(i: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array, jax.Array]:
-        top, norm, acc = carry
-        blocks = lax.dynamic_slice_in_dim(tables, i * ATTENTION_CHUNK, ATTENTION_CHUNK, axis=1)
-        keys, values = _read(k_pool, k_scale, blocks), _read(v_pool, v_scale, blocks)  # [G, H_kv, L, d]
-        scores = jnp.einsum("gtkhd,gkld->gtkhl", q, keys)
-        visible = key_mask(i)[:, :, None, None, :]
-        new_top = jnp.maximum(top, jnp.max(jnp.where(visible, scores, _MASKED), axis=-1))
-        probs = jnp.where(visible, jnp.exp(scores - new_top[..., None]), 0.0)
-        rescale = jnp.exp(top - new_top)
-        return (new_top, norm * rescale + jnp.sum(probs, axis=-1),
-                acc * rescale[..., None] + jnp.einsum("gtkhl,gkld->gtkhd", probs, values))
+    def segment(s: int) -> jax.Array:
+        part = slice(s * rows, (s + 1) * rows)
+        qs, ts = q[part], tables[part]
 
-    shape = q.shape[:-1]
-    init = (jnp.full(shape, _MASKED), jnp.zeros(shape), jnp.zeros(q.shape))
-    _, norm, acc = lax.fori_loop(0, num_chunks, chunk, init)
-    out = acc / jnp.maximum(norm, np.finfo(np.float32).tiny)[..., None]
+        def chunk(i: jax.Array, carry: tuple[jax.Array, jax.Array, jax.Array]) -> tuple[jax.Array, ...]:
+            top, norm, acc = carry
+            blocks = lax.dynamic_slice_in_dim(ts, i * ATTENTION_CHUNK, ATTENTION_CHUNK, axis=1)
+            keys, values = _read(k_pool, k_scale, blocks), _read(v_pool, v_scale, blocks)  # [R, H_kv, L, d]
+            scores = jnp.einsum("gtkhd,gkld->gtkhl", qs, keys)
+            visible = key_mask(i)[part, :, None, None, :]
+            new_top = jnp.maximum(top, jnp.max(jnp.where(visible, scores, _MASKED), axis=-1))
+            probs = jnp.where(visible, jnp.exp(scores - new_top[..., None]), 0.0)
+            rescale = jnp.exp(top - new_top)
+            return (new_top, norm * rescale + jnp.sum(probs, axis=-1),
+                    acc * rescale[..., None] + jnp.einsum("gtkhl,gkld->gtkhd", probs, values))
+
+        shape = qs.shape[:-1]
+        init = (jnp.full(shape, _MASKED), jnp.zeros(shape), jnp.zeros(qs.shape))
+        _, norm, acc = lax.fori_loop(0, num_chunks[s], chunk, init)
+        return acc / jnp.maximum(norm, np.finfo(np.float32).tiny)[..., None]
+
+    out = jnp.concatenate([segment(s) for s in range(num_chunks.shape[0])])
     return out.reshape(groups, length, n_heads * head_dim)
+
+
+DECODE_SEGMENT_ROWS = 4
+"""Rows per segment of decode attention (see `_paged_attention`); callers sort rows by length."""
 
 
 def _chunked(table: jax.Array) -> jax.Array:
@@ -353,7 +366,7 @@ def prefill(
         return (_chunk_positions(i, size)[None, :] <= positions[:, None])[None]
 
     table = _chunked(block_table)
-    num_chunks = jnp.minimum(_chunks_for(start_pos + true_len, size), table.shape[0] // ATTENTION_CHUNK)
+    num_chunks = jnp.minimum(_chunks_for(start_pos + true_len, size), table.shape[0] // ATTENTION_CHUNK)[None]
     hidden, cache = _prefill_layers(params, cache, tokens, positions, write_blocks, table, num_chunks, key_mask,
                                     config)
     return _logits(params, hidden if all_logits else hidden[true_len - 1], config), cache
@@ -398,7 +411,7 @@ def prefill_packed(
         return ((key_rows[None, :] == rows[:, None]) & (key_pos[None, :] <= positions[:, None]))[None]
 
     write_blocks = jnp.where(rows >= 0, table[starts[rows] + positions // size], cache.num_blocks)
-    num_chunks = _chunks_for(jnp.sum(table_rows >= 0), 1)
+    num_chunks = _chunks_for(jnp.sum(table_rows >= 0), 1)[None]
     hidden, cache = _prefill_layers(params, cache, tokens, positions, write_blocks, table, num_chunks, key_mask,
                                     config)
     return _logits(params, hidden[last], config), cache
@@ -421,7 +434,8 @@ def decode(
         Attention reads only the blocks up to the longest sequence, so ``n`` may be the most any
         sequence can need.
     :param positions: ``[B]`` position of each token (its sequence's length so far); a padding row
-        uses ``-1`` and writes nothing.
+        uses ``-1`` and writes nothing. Rows sorted longest first attend fastest: each segment of
+        ``DECODE_SEGMENT_ROWS`` rows reads only as far as its own longest.
     :return: logits ``[B, vocab]`` and the updated cache (the input cache is donated).
     """
     size = cache.block_size
@@ -429,7 +443,8 @@ def decode(
     write_blocks = jnp.where(positions >= 0, block_tables[rows, jnp.maximum(positions, 0) // size], cache.num_blocks)
     offsets = jnp.maximum(positions, 0) % size
     tables = _chunked(block_tables)
-    num_chunks = _chunks_for(jnp.max(positions) + 1, size)
+    segments = max(tokens.shape[0] // DECODE_SEGMENT_ROWS, 1)
+    num_chunks = _chunks_for(jnp.max(positions.reshape(segments, -1), axis=1) + 1, size)
 
     def key_mask(i: jax.Array) -> jax.Array:
         return (_chunk_positions(i, size)[None, :] <= positions[:, None])[:, None]
