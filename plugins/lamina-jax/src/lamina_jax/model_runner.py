@@ -210,14 +210,6 @@ class ModelRunner:
 
     def decode(self, seqs: Seq[Sequence]) -> list[SampledRow]:
         """One token for each sequence (its last token is the input)."""
-        order = sorted(range(len(seqs)), key=lambda i: -seqs[i].num_computed)  # longest first (see `decode`)
-        sampled = self._decode_sorted([seqs[i] for i in order])
-        out: list[SampledRow] = [sampled[0]] * len(seqs)
-        for row, i in zip(sampled, order, strict=True):
-            out[i] = row
-        return out
-
-    def _decode_sorted(self, seqs: Seq[Sequence]) -> list[SampledRow]:
         rows = bucket(len(seqs))
         tokens = np.zeros(rows, np.int32)
         positions = np.full(rows, -1, np.int32)
