@@ -29,7 +29,7 @@ class Live:
 
     def __enter__(self) -> Live:
         self.thread.start()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # a real model compiles every shape while it starts
         while not (self.server.started and self.stack.started
                    and all(e.state().healthy for e in self.stack.backends.values())):
             assert time.monotonic() < deadline, "server did not start"
