@@ -58,8 +58,6 @@ import html
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -76,7 +74,7 @@ from tqdm import tqdm
 
 from lamina.bench.metrics import percentile
 from lamina.bench.report import cdf_svg
-from lamina.bench.servers import StackServer, free_port
+from lamina.bench.servers import ServerProcess, StackServer, free_port
 from lamina.bench.workloads import BenchRequest, sharegpt
 from lamina.htmlreport import page, table
 from lamina_jax.weights.gguf import smollm2_path
@@ -193,58 +191,17 @@ def served_model(url: str) -> str:
 # -- llama-server ----------------------------------------------------------------------------
 
 
-class LlamaServer:
+class LlamaServer(ServerProcess):
     """``llama-server`` on a free loopback port with ``concurrency`` slots; ``url`` once /health is 200."""
 
     def __init__(self, folder: Path, gguf: Path, *, threads: int, concurrency: int, ctx_per_slot: int,
                  extra_args: Sequence[str] = (), ready_timeout_s: float = 300.0) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = [str(folder / "llama-server"), "-m", str(gguf), "-t", str(threads), "-tb", str(threads),
-                     "-np", str(concurrency), "-c", str(concurrency * ctx_per_slot),
-                     "--host", "127.0.0.1", "--port", str(self.port), *extra_args]
-        self.ready_timeout_s = ready_timeout_s
-        self.process: subprocess.Popen[bytes] | None = None
-        self._log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)  # noqa: SIM115
-
-    def log_tail(self, chars: int = 3000) -> str:
-        self._log.flush()
-        return Path(self._log.name).read_text(encoding="utf-8", errors="replace")[-chars:]
-
-    def start(self) -> LlamaServer:
-        self.process = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + self.ready_timeout_s
-        with httpx.Client(timeout=5) as client:
-            while True:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"llama-server exited with {self.process.returncode}:\n{self.log_tail()}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.url}/health").status_code == 200:
-                        return self
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"llama-server was not healthy in {self.ready_timeout_s:g}s:\n"
-                                       f"{self.log_tail()}")
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        self._log.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self._log.name)
-
-    def __enter__(self) -> LlamaServer:  # noqa: PYI034
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        argv = [str(folder / "llama-server"), "-m", str(gguf), "-t", str(threads), "-tb", str(threads),
+                "-np", str(concurrency), "-c", str(concurrency * ctx_per_slot),
+                "--host", "127.0.0.1", "--port", str(self.port), *extra_args]
+        super().__init__("llama-server", argv, f"{self.url}/health", ready_timeout_s=ready_timeout_s)
 
 
 # -- figures ---------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Self
 
 import httpx
 
@@ -23,40 +24,33 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class StackServer:
-    """``python -m lamina.cli serve STACK`` on free HTTP and gRPC ports; ``url`` once ready."""
+class ServerProcess:
+    """A server in a subprocess, its output in a temporary log; ready once ``ready_url`` answers 200."""
 
-    def __init__(self, stack: str | Path, *, ready_timeout_s: float = 600.0, host: str = "127.0.0.1") -> None:
-        self.stack = str(stack)
-        self.host = host
-        self.port, self.grpc_port = free_port(), free_port()
-        self.url = f"http://{host}:{self.port}"
+    def __init__(self, name: str, argv: list[str], ready_url: str, *, ready_timeout_s: float,
+                 env: dict[str, str] | None = None) -> None:
+        self.name, self.argv, self.ready_url, self.env = name, argv, ready_url, env
         self.ready_timeout_s = ready_timeout_s
         self.process: subprocess.Popen[bytes] | None = None
-        self._log = tempfile.NamedTemporaryFile(prefix="lamina-bench-", suffix=".log", delete=False)  # noqa: SIM115
+        self._log = tempfile.NamedTemporaryFile(prefix=f"{name.split()[0]}-", suffix=".log", delete=False)  # noqa: SIM115
 
     def log_tail(self, chars: int = 3000) -> str:
         self._log.flush()
         return Path(self._log.name).read_text(encoding="utf-8", errors="replace")[-chars:]
 
-    def start(self) -> StackServer:
-        command = [sys.executable, "-m", "lamina.cli", "serve", self.stack, "--host", self.host,
-                   "--port", str(self.port), "--grpc-port", str(self.grpc_port)]
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    def start(self) -> Self:
+        self.process = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + self.ready_timeout_s
         with httpx.Client(timeout=5) as client:
             while True:
                 if self.process.poll() is not None:
-                    raise RuntimeError(f"lamina serve {self.stack} exited with {self.process.returncode}:\n"
-                                       f"{self.log_tail()}")
+                    raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.log_tail()}")
                 with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.url}/ready").status_code == 200:
+                    if client.get(self.ready_url).status_code == 200:
                         return self
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"lamina serve {self.stack} was not ready in {self.ready_timeout_s:g}s:\n"
-                                       f"{self.log_tail()}")
+                    raise RuntimeError(f"{self.name} was not ready in {self.ready_timeout_s:g}s:\n{self.log_tail()}")
                 time.sleep(0.1)
 
     def stop(self, timeout_s: float = 30.0) -> None:
@@ -72,11 +66,25 @@ class StackServer:
         with contextlib.suppress(OSError):
             os.unlink(self._log.name)
 
-    def __enter__(self) -> StackServer:  # noqa: PYI034
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class StackServer(ServerProcess):
+    """``python -m lamina.cli serve STACK`` on free HTTP and gRPC ports; ``url`` once ready."""
+
+    def __init__(self, stack: str | Path, *, ready_timeout_s: float = 600.0, host: str = "127.0.0.1") -> None:
+        self.stack = str(stack)
+        self.host = host
+        self.port, self.grpc_port = free_port(), free_port()
+        self.url = f"http://{host}:{self.port}"
+        command = [sys.executable, "-m", "lamina.cli", "serve", self.stack, "--host", host,
+                   "--port", str(self.port), "--grpc-port", str(self.grpc_port)]
+        super().__init__(f"lamina serve {self.stack}", command, f"{self.url}/ready", ready_timeout_s=ready_timeout_s,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 @contextlib.contextmanager
