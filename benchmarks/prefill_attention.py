@@ -10,6 +10,9 @@ alternating rounds:
 - ``keys-first`` (``lamina_jax.model.llama._attend`` now): scores ``[B, T, L, H_kv, group]``, keys
   before heads as in the cache, softmax over the key axis.
 
+Since attention over the paged cache became `_paged_attention` (a loop over the blocks in use),
+``_attend`` serves only the cache-free ``forward``; this benchmark measures that layout choice.
+
 Reported: median ms per call for each ``L`` and the ratio (baseline ÷ ours), and the largest
 absolute difference between the two outputs. A full model prefill call runs this once per
 layer (30 layers): multiply the saving by 30 for the per-call figure.
