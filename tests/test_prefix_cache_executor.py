@@ -100,7 +100,7 @@ def run_prewarm_workload(model: Path, prewarm: bool) -> tuple[list[tuple[list[in
     with the system prompt: (tokens, cached tokens) of each, and what the engine did."""
     config: dict[str, Any] = {
         "executor": {"use": "jax", "model": str(model), "block_size": 4, "max_batch": 4, "prefill_chunk": 16,
-                     "max_model_len": 128, "kv_cache_mb": 0.01},
+                     "max_model_len": 128, "kv_cache_mb": 0.01, "weights_dtype": "float32"},
         "prefix_cache": {"use": "radix", "block_size": 4}}
     if prewarm:
         config["prewarm"] = {"use": "recurring", "block_size": 4, "min_tokens": 8}
