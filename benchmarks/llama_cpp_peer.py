@@ -14,6 +14,7 @@ Imported by ``executor_throughput.py`` and ``serving_vs_llama_cpp.py`` as a sibl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -227,14 +228,7 @@ def parse_llama_bench(output: str) -> list[dict[str, Any]]:
         if isinstance(tests, list) and tests and all(isinstance(t, dict) and "avg_ts" in t for t in tests):
             return tests
         start = output.find("[", start + 1)
-    tests = []
-    for line in output.splitlines():  # -o jsonl
-        line = line.strip()
-        if line.startswith("{") and '"avg_ts"' in line:
-            try:
-                tests.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
+    tests = _json_lines(output, "avg_ts")  # -o jsonl
     if tests:
         return tests
     header: list[str] | None = None
@@ -258,6 +252,17 @@ def parse_llama_bench(output: str) -> list[dict[str, Any]]:
     return tests
 
 
+def _json_lines(output: str, key: str) -> list[dict[str, Any]]:
+    """The lines of ``output`` that are JSON objects holding ``key`` (the tools' jsonl output)."""
+    rows = []
+    for line in output.splitlines():
+        line = line.strip()
+        if line.startswith("{") and f'"{key}"' in line:
+            with contextlib.suppress(json.JSONDecodeError):
+                rows.append(json.loads(line))
+    return rows
+
+
 _BATCHED_COLUMNS = {"PP": "pp", "TG": "tg", "B": "pl", "N_KV": "n_kv", "T_PP s": "t_pp", "S_PP t/s": "speed_pp",
                     "T_TG s": "t_tg", "S_TG t/s": "speed_tg", "T s": "t", "S t/s": "speed"}
 
@@ -266,14 +271,7 @@ def parse_batched_bench(output: str) -> list[dict[str, Any]]:
     """The rows ``llama-batched-bench`` reported — ``--output-format jsonl`` or its markdown table —
     each as ``{"pp", "tg", "pl", "speed_pp", "speed_tg", "t_pp", "t_tg", ...}`` (``speed_tg`` is
     the table's S_TG t/s: all streams' generated tokens over the generation time)."""
-    rows = []
-    for line in output.splitlines():
-        line = line.strip()
-        if line.startswith("{") and '"speed_tg"' in line:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
+    rows = _json_lines(output, "speed_tg")
     if rows:
         return rows
     header: list[str] | None = None
