@@ -127,7 +127,7 @@ async def compile_shapes(executor: JaxExecutor, lengths: range, max_tokens: int,
     (sequences, tokens, blocks) bucket reachable with prompts of ``lengths``, packed together by a
     fixed window; then ``max_batch`` requests at once, of the shortest and of the longest prompts,
     long enough to all decode together, for the decode batch sizes. Returns the bursts run."""
-    from lamina_jax.kv_cache import blocks_for
+    from lamina_jax.block_manager import blocks_for
     from lamina_jax.model_runner import bucket
 
     assert executor.engine is not None

@@ -45,7 +45,7 @@ import numpy as np
 from tqdm import tqdm
 
 from lamina.bench.workloads import sharegpt_answers
-from lamina_jax.kv_cache import blocks_for
+from lamina_jax.block_manager import blocks_for
 from lamina_jax.model.llama import KVDtype, LlamaParams, decode, init_cache, kv_bytes_per_position, prefill
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.tokenizer import GGUFTokenizer

@@ -128,10 +128,10 @@ def run_prewarm_workload(model: Path, prewarm: bool) -> tuple[list[tuple[list[in
             out = []
             for i in range(3):
                 out.append(await _collect_with_cached(executor, request(i, system + rng.integers(3, 200, 5).tolist())))
-            await settle(lambda: engine.scheduler.kept)
-            pinned_before = sorted(len(t) for _, t in engine.scheduler.kept)
+            await settle(lambda: engine.scheduler.blocks.kept)
+            pinned_before = sorted(len(t) for _, t in engine.scheduler.blocks.kept)
             out.append(await _collect_with_cached(executor, request(3, rng.integers(3, 200, 100).tolist(), 20)))
-            await settle(lambda: engine.prewarm_computed and engine.scheduler.kept)
+            await settle(lambda: engine.prewarm_computed and engine.scheduler.blocks.kept)
             out.append(await _collect_with_cached(executor, request(4, system + rng.integers(3, 200, 6).tolist())))
             return out, {"pinned_before": pinned_before, "computed": engine.prewarm_computed}
         finally:

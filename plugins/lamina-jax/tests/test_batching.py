@@ -12,9 +12,10 @@ from lamina_hookspecs.protocols import BatchingPolicy
 from lamina_hookspecs.types import Request, SamplingParams, SchedulerState
 
 from lamina_jax.executor import JaxExecutor
-from lamina_jax.kv_cache import BlockAllocator
+from lamina_jax.block_manager import BlockAllocator, BlockManager
 from lamina_jax.options import JaxOptions
-from lamina_jax.scheduler import Scheduler, Sequence
+from lamina_jax.scheduler import Scheduler
+from lamina_jax.sequence import Sequence
 
 
 @attrs.define
@@ -43,7 +44,7 @@ def seq(name: str, prompt_len: int, at: float = 0.0) -> Sequence:
 def test_the_window_holds_new_prefills_while_running_sequences_decode() -> None:
     policy = Window(window_s=0.1, limit=3)
     assert isinstance(policy, BatchingPolicy)
-    scheduler = Scheduler(BlockAllocator(100), block_size=4, max_batch=8, prefill_chunk=32, batching=policy)
+    scheduler = Scheduler(BlockManager(BlockAllocator(100), block_size=4), max_batch=8, prefill_chunk=32, batching=policy)
     runner = seq("running", 3, at=0.0)
     scheduler.add(runner)
     scheduler.finish_prefill(scheduler.schedule(now=0.2).prefills[0])  # waited 0.2 > W: started at once
@@ -57,7 +58,7 @@ def test_the_window_holds_new_prefills_while_running_sequences_decode() -> None:
 
 
 def test_at_most_b_prefills_per_step_within_the_token_budget() -> None:
-    scheduler = Scheduler(BlockAllocator(100), block_size=4, max_batch=8, prefill_chunk=32,
+    scheduler = Scheduler(BlockManager(BlockAllocator(100), block_size=4), max_batch=8, prefill_chunk=32,
                           batching=Window(window_s=1.0, limit=3))
     for i in range(4):
         scheduler.add(seq(f"s{i}", 12, at=0.0))
@@ -78,14 +79,14 @@ def test_at_most_b_prefills_per_step_within_the_token_budget() -> None:
 
 
 def test_without_a_policy_every_waiting_prefill_that_fits_starts_at_once() -> None:
-    scheduler = Scheduler(BlockAllocator(100), block_size=4, max_batch=8, prefill_chunk=32)
+    scheduler = Scheduler(BlockManager(BlockAllocator(100), block_size=4), max_batch=8, prefill_chunk=32)
     for i in range(3):
         scheduler.add(seq(f"s{i}", 5))
     assert [w.seq.request_id for w in scheduler.schedule().prefills] == ["s0", "s1", "s2"] and scheduler.hold_s == 0
 
 
 def test_a_policy_cannot_pack_more_than_the_executor_allows() -> None:
-    scheduler = Scheduler(BlockAllocator(100), block_size=4, max_batch=8, prefill_chunk=64, max_prefills=2,
+    scheduler = Scheduler(BlockManager(BlockAllocator(100), block_size=4), max_batch=8, prefill_chunk=64, max_prefills=2,
                           batching=Window(window_s=0.0, limit=5))
     for i in range(4):
         scheduler.add(seq(f"s{i}", 5))

@@ -2,8 +2,9 @@
 
 from lamina_hookspecs.types import SamplingParams
 
-from lamina_jax.kv_cache import BlockAllocator
-from lamina_jax.scheduler import Scheduler, Sequence
+from lamina_jax.block_manager import BlockAllocator, BlockManager
+from lamina_jax.scheduler import Scheduler
+from lamina_jax.sequence import Sequence
 from lamina_jax.stop_text import StopText
 
 
@@ -12,7 +13,7 @@ def seq(name: str, prompt_len: int) -> Sequence:
 
 
 def test_long_prompt_is_prefilled_in_chunks_beside_decoding() -> None:
-    scheduler = Scheduler(BlockAllocator(100), block_size=4, max_batch=8, prefill_chunk=16)
+    scheduler = Scheduler(BlockManager(BlockAllocator(100), block_size=4), max_batch=8, prefill_chunk=16)
     short, long = seq("short", 3), seq("long", 43)
     scheduler.add(short)
     scheduler.add(long)
@@ -37,7 +38,7 @@ def test_long_prompt_is_prefilled_in_chunks_beside_decoding() -> None:
 
 
 def test_packing_stops_at_the_block_table_capacity() -> None:
-    scheduler = Scheduler(BlockAllocator(100), block_size=4, max_batch=8, prefill_chunk=64, table_capacity=5)
+    scheduler = Scheduler(BlockManager(BlockAllocator(100), block_size=4), max_batch=8, prefill_chunk=64, table_capacity=5)
     for name in ("a", "b", "c"):
         scheduler.add(seq(name, 8))  # two blocks each: a and b fit in five entries, c does not
     assert [w.seq.request_id for w in scheduler.schedule().prefills] == ["a", "b"]
@@ -45,7 +46,7 @@ def test_packing_stops_at_the_block_table_capacity() -> None:
 
 def test_preemption_frees_the_newest_and_requeues_it_first() -> None:
     allocator = BlockAllocator(4)
-    scheduler = Scheduler(allocator, block_size=4, max_batch=8, prefill_chunk=64)
+    scheduler = Scheduler(BlockManager(allocator, block_size=4), max_batch=8, prefill_chunk=64)
     a, b = seq("a", 7), seq("b", 7)
     scheduler.add(a)
     scheduler.finish_prefill(scheduler.schedule().prefills[0])

@@ -9,9 +9,9 @@ Each ``step()`` is schedule → run → update:
   decode batch, taking KV blocks as sequences grow;
 - run: the :class:`~lamina_jax.model_runner.ModelRunner` executes the jitted prefill and
   decode calls and samples on the device (XLA releases the GIL meanwhile);
-- update: each new token is detokenized incrementally, checked against stop conditions,
-  and handed to its request's ``emit`` callback, which forwards it to the event loop with
-  ``call_soon_threadsafe``. Finished and aborted sequences free their blocks at once. With a
+- update: the :class:`~lamina_jax.output_processor.OutputProcessor` detokenizes each new
+  token incrementally, checks stop conditions and hands it to its request's ``emit``
+  callback, which forwards it to the event loop with ``call_soon_threadsafe``. Finished and aborted sequences free their blocks at once. With a
   batching policy, the longest time to first token (submission to first token) of the
   sequences that got theirs in the step is reported to it.
 
@@ -40,11 +40,12 @@ import numpy as np
 import structlog
 
 from lamina_hookspecs.errors import InternalError
-from lamina_hookspecs.types import FinishReason, SamplingParams, TokenChunk, TopLogprob, Usage
+from lamina_hookspecs.types import FinishReason, SamplingParams
 from lamina_jax.model_runner import ModelRunner, SampledRow
-from lamina_jax.scheduler import PrefillWork, Scheduler, Sequence, Step
-from lamina_jax.stop_text import StopText
-from lamina_jax.tokenizer import GGUFTokenizer, IncrementalDetokenizer
+from lamina_jax.output_processor import OutputProcessor
+from lamina_jax.scheduler import PrefillWork, Scheduler, Step
+from lamina_jax.sequence import Sequence
+from lamina_jax.tokenizer import GGUFTokenizer
 
 log = structlog.get_logger(__name__)
 
@@ -52,14 +53,6 @@ RATE_WINDOW_S = 2.0
 """Time constant of the generation-rate moving average."""
 PREWARM_S = 1.0
 """How often the pre-warm policy's wanted prefixes are pinned (and a missing one computed when idle)."""
-
-
-class _Output:
-    """Per-sequence text state: incremental detokenizer and stop-string filter."""
-
-    def __init__(self, tokenizer: GGUFTokenizer, seq: Sequence) -> None:
-        self.detokenizer = IncrementalDetokenizer(tokenizer, seq.prompt_ids, skip_special_tokens=True)
-        self.stop_text = StopText(seq.sampling.stop)
 
 
 @attrs.define
@@ -82,10 +75,9 @@ class Engine:
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer: GGUFTokenizer, *,
                  max_model_len: int) -> None:
-        self.runner, self.scheduler, self.tokenizer = runner, scheduler, tokenizer
-        self.max_model_len = max_model_len
+        self.runner, self.scheduler = runner, scheduler
+        self.outputs = OutputProcessor(tokenizer, max_model_len=max_model_len)
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
-        self._outputs: dict[Sequence, _Output] = {}
         self._thread: threading.Thread | None = None
         self.generated_tokens = 0
         self.prompt_tokens = 0
@@ -164,11 +156,11 @@ class Engine:
             assert isinstance(arg, Sequence)
             if command == "add":
                 self._accepted += 1
-                self._outputs[arg] = _Output(self.tokenizer, arg)
+                self.outputs.add(arg)
                 self.scheduler.add(arg)
                 self.prompt_tokens += len(arg.prompt_ids)
             elif command == "abort" and self.scheduler.remove(arg):
-                self._outputs.pop(arg, None)
+                self.outputs.drop(arg)
 
     def _prewarm(self, now: float) -> None:
         """Pin the pre-warm policy's prefixes; when idle, start computing one that is missing."""
@@ -182,7 +174,7 @@ class Engine:
         seq = Sequence(request_id=f"prewarm-{next(self._warm_ids)}", prompt_ids=list(missing.token_ids),
                        sampling=SamplingParams(max_tokens=1, temperature=0.0), emit=lambda _: None,
                        key=np.zeros(2, np.uint32), salt=missing.salt, warm=True)
-        self._outputs[seq] = _Output(self.tokenizer, seq)
+        self.outputs.add(seq)
         self.scheduler.add(seq)
         self.prewarm_computed += 1
         log.info("prewarm_computing", request_id=seq.request_id, tokens=len(seq.prompt_ids), uses=round(missing.uses, 1))
@@ -206,7 +198,7 @@ class Engine:
             self.runner.reset_cache()
             for seq in self.scheduler.discard_all():
                 seq.emit(InternalError("the executor failed while computing this request"))
-                self._outputs.pop(seq, None)
+                self.outputs.drop(seq)
         return 0.0
 
     @staticmethod
@@ -245,48 +237,10 @@ class Engine:
         return model_s
 
     def _accept(self, seq: Sequence, row: SampledRow) -> None:
-        output = self._outputs[seq]
-        sampling = seq.sampling
-        token = row.token
-        seq.output_ids.append(token)
         self.generated_tokens += not seq.warm
-        finish: FinishReason | None = None
-        text = ""
-        if (token == self.tokenizer.eos_id and not sampling.ignore_eos) or token in sampling.stop_token_ids:
-            finish = "stop"
-        else:
-            text, hit = output.stop_text.push(output.detokenizer.add(token))
-            finish = "stop" if hit else None
-        if finish is None and (len(seq.output_ids) >= sampling.max_tokens or seq.length >= self.max_model_len):
-            finish = "length"
-        if finish is not None:
-            text += output.stop_text.flush()  # held-back text is final now ("" after a stop string)
-        chunk = TokenChunk(
-            request_id=seq.request_id,
-            index=len(seq.output_ids) - 1,
-            token_ids=(token,),
-            text=text,
-            logprobs=(row.logprob,) if sampling.logprobs else None,
-            top_logprobs=(self._top(row, sampling.top_logprobs),) if sampling.logprobs else None,
-            finish_reason=finish,
-            usage=Usage(prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
-                        cached_tokens=seq.cached_tokens, queue_s=seq.queue_s or 0.0) if finish else None,
-        )
-        seq.emit(chunk)
-        if finish is not None:
+        if self.outputs.accept(seq, row):
             self.scheduler.remove(seq)
-            self._outputs.pop(seq, None)
-
-    def _top(self, row: SampledRow, count: int) -> tuple[TopLogprob, ...]:
-        return tuple(
-            TopLogprob(token_id=int(t), text=self.tokenizer.decode([int(t)]), logprob=float(lp))
-            for t, lp in zip(row.top_ids[:count], row.top_logprobs[:count], strict=True)
-        )
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
-        seq.emit(TokenChunk(request_id=seq.request_id, index=len(seq.output_ids), finish_reason=reason,
-                            usage=Usage(prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
-                                        queue_s=seq.queue_s or 0.0)))
+        self.outputs.finish(seq, reason)
         self.scheduler.remove(seq)
-        self._outputs.pop(seq, None)
-

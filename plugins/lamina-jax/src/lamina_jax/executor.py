@@ -24,14 +24,15 @@ from lamina_hookspecs.protocols import BatchingPolicy, PrefixCache, PrewarmPolic
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
 from lamina_jax.engine import Engine
-from lamina_jax.kv_cache import BlockAllocator, blocks_for
+from lamina_jax.block_manager import BlockAllocator, BlockManager, blocks_for
 from lamina_jax import weight_formats
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import LlamaParams, kv_bytes_per_position
 from lamina_jax.model_runner import ModelRunner
 from lamina_jax.options import BUILTIN_MODEL, JaxOptions
 from lamina_jax.sampling import request_key
-from lamina_jax.scheduler import Scheduler, Sequence
+from lamina_jax.scheduler import Scheduler
+from lamina_jax.sequence import Sequence
 from lamina_jax.tokenizer import GGUFTokenizer
 from lamina_jax.weight_formats import cast, configure
 from lamina_jax.weights.gguf import load_gguf, smollm2_path
@@ -86,10 +87,10 @@ class JaxExecutor:
                              prefill_chunk=options.prefill_chunk, max_prefills=options.max_prefills,
                              kv_dtype=options.kv_dtype, shape_weights=shape_weights)
         self._precompile(runner)
-        scheduler = Scheduler(BlockAllocator(num_blocks), block_size=options.block_size,
-                              max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
+        blocks = BlockManager(BlockAllocator(num_blocks), block_size=options.block_size, prefix_cache=self.prefix_cache)
+        scheduler = Scheduler(blocks, max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
                               max_prefills=options.max_prefills, table_capacity=runner.table_capacity,
-                              prefix_cache=self.prefix_cache, batching=self.batching, prewarm=self.prewarm)
+                              batching=self.batching, prewarm=self.prewarm)
         log.info("model_loaded", model=self.model.id, path=str(self.path), layers=config.n_layers,
                  kv_blocks=num_blocks, kv_dtype=options.kv_dtype, block_size=options.block_size,
                  max_model_len=max_len)
@@ -132,7 +133,7 @@ class JaxExecutor:
         engine = self.engine
         if engine is None:
             return BackendState(name="jax", model=self.model.id, healthy=False)
-        allocator = engine.scheduler.allocator
+        allocator = engine.scheduler.blocks.allocator
         return BackendState(
             name="jax", model=self.model.id, outstanding_requests=self._outstanding,
             outstanding_tokens=self._outstanding_tokens, queue_depth=engine.num_waiting,

@@ -31,7 +31,8 @@ from jax import lax
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import ATTENTION_CHUNK, KVCache, KVDtype, LlamaParams, decode, init_cache, prefill_packed
 from lamina_jax.sampling import SampleResult, SamplingBatch, sample
-from lamina_jax.scheduler import PrefillWork, Sequence
+from lamina_jax.scheduler import PrefillWork
+from lamina_jax.sequence import Sequence
 
 MAX_TOP_LOGPROBS = 20
 """The most alternatives a request may ask for (OpenAI's limit)."""

@@ -14,22 +14,17 @@ positive, no new prefill starts (one already half done continues) and ``hold_s``
 long; running sequences keep decoding meanwhile. The engine reports each step's first-token
 latency back to the policy.
 
-KV blocks are taken as sequences grow. When a running sequence needs a block and none is
-free, the most recently admitted running sequence is preempted: its blocks are freed and
-it goes back to the front of the queue, to be recomputed (prompt plus what it already
-generated) when memory frees up — vLLM's recompute preemption. Its client sees only a pause.
-
-With a prefix cache (layer 4), a sequence starting its prefill first takes the longest
-cached prefix of its tokens (under its tenant's salt) and computes only the rest. When a
-sequence leaves (finished, aborted or preempted) the whole blocks it computed are offered
-to the cache, which keeps the ones it had no copy of; the rest go back to the allocator.
-When the allocator runs dry, the cache gives up least-recently-used unpinned blocks.
+KV blocks are taken as sequences grow (the :class:`~lamina_jax.block_manager.BlockManager`
+decides which, and hands them to and from the prefix cache). When a running sequence needs a
+block and none is free, the most recently admitted running sequence is preempted: its blocks
+are freed and it goes back to the front of the queue, to be recomputed (prompt plus what it
+already generated) when memory frees up — vLLM's recompute preemption. Its client sees only a
+pause.
 
 With a pre-warm policy (the stack's ``[prewarm]``), every new prompt is shown to it, and
-:meth:`Scheduler.keep_wanted` (called by the engine now and then) pins the wanted prefixes
-that are cached — so eviction cannot take them — and names one that is not, which the
-engine computes when idle as a ``warm`` sequence (one prefill, no client). Pinned prefixes
-give way when a request needs their memory.
+:meth:`Scheduler.keep_wanted` (called by the engine now and then) has the block manager pin the
+wanted prefixes that are cached and name one that is not, which the engine computes when idle
+as a ``warm`` sequence (one prefill, no client).
 """
 
 from __future__ import annotations
@@ -38,58 +33,16 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Any
 
 import attrs
 
-from lamina_hookspecs.protocols import BatchingPolicy, PrefixCache, PrewarmPolicy
-from lamina_hookspecs.types import PrefixMatch, SamplingParams, SchedulerState, WarmPrefix
-from lamina_jax.kv_cache import BlockAllocator, blocks_for
+from lamina_hookspecs.protocols import BatchingPolicy, PrewarmPolicy
+from lamina_hookspecs.types import SchedulerState, WarmPrefix
+from lamina_jax.block_manager import BlockManager, blocks_for
+from lamina_jax.sequence import Sequence
 
 ARRIVAL_WINDOW_S = 2.0
 """Time constant of the arrival-rate moving average that batching policies see."""
-
-
-@attrs.define(eq=False)
-class Sequence:
-    """One request inside the engine; ``key`` is its sampling PRNG key, ``emit`` delivers its output,
-    ``salt`` isolates its prefix-cache entries (its tenant), ``match`` pins the cached prefix it reads.
-
-    ``num_computed`` tokens of ``prompt_ids + output_ids`` have their K/V in ``blocks``. A
-    decoding sequence has all but its last token computed; that token is the next input.
-    ``queue_s`` is how long it waited from submission to its first prefill chunk. A ``warm``
-    sequence computes a pre-warm prefix for the cache; nobody reads its output.
-    """
-
-    request_id: str
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    emit: Callable[[object], None]
-    key: Any = None
-    salt: bytes = b""
-    match: PrefixMatch | None = None
-    cached_tokens: int = 0
-    output_ids: list[int] = attrs.field(factory=list)
-    blocks: list[int] = attrs.field(factory=list)
-    num_computed: int = 0
-    submitted_at: float = attrs.field(factory=time.monotonic)
-    queue_s: float | None = None
-    warm: bool = False
-
-    @property
-    def tokens(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
-
-    @property
-    def prefill_target(self) -> int:
-        """Tokens whose K/V must be computed before decoding: the prompt, or after a
-        preemption everything but the last generated token."""
-        return len(self.prompt_ids) + max(len(self.output_ids) - 1, 0)
-
-    @property
-    def length(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
 
 
 @attrs.frozen
@@ -111,19 +64,15 @@ class Step:
 
 
 class Scheduler:
-    """Owns the queue, the running batch and the block allocator; runs on the engine thread."""
+    """Owns the queue and the running batch and decides each step; runs on the engine thread."""
 
-    def __init__(self, allocator: BlockAllocator, *, block_size: int, max_batch: int, prefill_chunk: int,
-                 max_prefills: int = 8, table_capacity: int = 256, prefix_cache: PrefixCache | None = None, batching: BatchingPolicy | None = None,
+    def __init__(self, blocks: BlockManager, *, max_batch: int, prefill_chunk: int, max_prefills: int = 8,
+                 table_capacity: int = 256, batching: BatchingPolicy | None = None,
                  prewarm: PrewarmPolicy | None = None) -> None:
-        self.allocator = allocator
-        self.prefix_cache = prefix_cache
+        self.blocks = blocks
         self.batching = batching
         self.prewarm = prewarm
-        self.kept: dict[tuple[bytes, tuple[int, ...]], PrefixMatch] = {}
-        """Pre-warm prefixes pinned in the cache, by (salt, token ids)."""
-        self._missing: set[tuple[bytes, tuple[int, ...]]] = set()
-        self.block_size = block_size
+        self.block_size = blocks.block_size
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self.max_prefills = max_prefills
@@ -143,42 +92,11 @@ class Scheduler:
             self.prewarm.observe(seq.prompt_ids, salt=seq.salt, now=seq.submitted_at)
 
     def keep_wanted(self, now: float, *, idle: bool) -> WarmPrefix | None:
-        """Pin the pre-warm policy's wanted prefixes (whole blocks) that are cached, unpin those
-        no longer wanted; return the first wanted one that is not fully cached, if any. A prefix
-        found missing is looked up again only when ``idle`` (so busy steps add no lookups)."""
-        cache, policy = self.prefix_cache, self.prewarm
-        if cache is None or policy is None:
+        """Pin the pre-warm policy's wanted prefixes that are cached; return the first wanted one
+        that is not (see :meth:`BlockManager.keep`)."""
+        if self.prewarm is None:
             return None
-        kept: dict[tuple[bytes, tuple[int, ...]], PrefixMatch] = {}
-        missing: set[tuple[bytes, tuple[int, ...]]] = set()
-        first = None
-        for prefix in policy.wanted(now):
-            tokens = prefix.token_ids[: len(prefix.token_ids) // self.block_size * self.block_size]
-            key = (prefix.salt, tokens)
-            if not tokens or key in kept or key in missing:
-                continue
-            if key in self.kept:
-                kept[key] = self.kept.pop(key)
-                continue
-            if key in self._missing and not idle:
-                missing.add(key)
-                continue
-            match = cache.match(tokens, salt=prefix.salt)
-            if match.num_tokens == len(tokens):
-                kept[key] = match
-                continue
-            cache.release(match)
-            missing.add(key)
-            first = first or WarmPrefix(token_ids=tokens, salt=prefix.salt, uses=prefix.uses)
-        self._unkeep()
-        self.kept, self._missing = kept, missing
-        return first
-
-    def _unkeep(self) -> None:
-        if self.prefix_cache is not None:
-            for match in self.kept.values():
-                self.prefix_cache.release(match)
-        self.kept = {}
+        return self.blocks.keep(self.prewarm.wanted(now), idle=idle)
 
     def arrival_rate(self, now: float) -> float:
         """Arrivals per second, exponentially averaged over ``ARRIVAL_WINDOW_S`` and decayed to ``now``."""
@@ -204,7 +122,7 @@ class Scheduler:
         for group in (self.running, self.waiting):
             if seq in group:
                 group.remove(seq)
-                self._release(seq)
+                self.blocks.release(seq)
                 return True
         return False
 
@@ -221,30 +139,12 @@ class Scheduler:
             self.waiting.remove(work.seq)
             self.running.append(work.seq)
 
-    def _grow(self, seq: Sequence, num_tokens: int) -> bool:
-        """Make ``seq`` own blocks for ``num_tokens`` positions; False if memory is short."""
-        missing = blocks_for(num_tokens, self.block_size) - len(seq.blocks)
-        if missing <= 0:
-            return True
-        blocks = self.allocator.allocate(missing)
-        for unpin in (False, True):  # pinned pre-warm prefixes give way only to a request that needs them
-            if blocks is not None or self.prefix_cache is None or (unpin and not self.kept):
-                break
-            if unpin:
-                self._unkeep()
-            self.allocator.free(self.prefix_cache.evict(missing - self.allocator.num_free))
-            blocks = self.allocator.allocate(missing)
-        if blocks is None:
-            return False
-        seq.blocks.extend(blocks)
-        return True
-
     def _reserve_decode_blocks(self) -> list[Sequence]:
         batch = []
         for seq in list(self.running):
             if seq not in self.running:  # preempted below, for an earlier sequence's block
                 continue
-            while not self._grow(seq, seq.num_computed + 1):
+            while not self.blocks.grow(seq, seq.num_computed + 1):
                 victim = self.running[-1]
                 self._preempt(victim)
                 if victim is seq:
@@ -255,54 +155,22 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self._release(seq)
+        self.blocks.release(seq)
         if self.waiting:  # only the queue's head holds blocks (a partial prefill): it restarts later
-            self._release(self.waiting[0])
+            self.blocks.release(self.waiting[0])
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
-
-    def _release(self, seq: Sequence, *, keep: bool = True) -> None:
-        """Free a sequence's blocks; with a prefix cache, first offer it what was computed (``keep``)."""
-        cache = self.prefix_cache
-        if cache is None:
-            self.allocator.free(seq.blocks)
-        else:
-            if keep:
-                cache.insert(seq.tokens[: seq.num_computed], seq.blocks, salt=seq.salt)
-            if seq.match is not None:
-                cache.release(seq.match)
-                seq.match = None
-            self.allocator.free([b for b in seq.blocks if not cache.owns(b)])
-        seq.blocks = []
-        seq.num_computed = 0
 
     def discard_all(self) -> list[Sequence]:
         """Drop every sequence and everything cached, without keeping any KV: after a failed
         step the device cache may hold garbage. Returns the dropped sequences."""
         dropped = [*self.running, *self.waiting]
         for seq in dropped:
-            self._release(seq, keep=False)
+            self.blocks.release(seq, keep=False)
         self.running.clear()
         self.waiting.clear()
-        self._unkeep()
-        if self.prefix_cache is not None:
-            self.allocator.free(self.prefix_cache.evict(self.allocator.num_blocks))
+        self.blocks.discard_cached()
         return dropped
-
-    def _reuse_cached_prefix(self, seq: Sequence) -> None:
-        """Start a fresh prefill from the longest cached prefix (leaving at least one token to
-        compute when the prefill must end with logits to sample from)."""
-        cache = self.prefix_cache
-        if cache is None or seq.blocks:
-            return
-        seq.match = cache.match(seq.tokens[: seq.prefill_target], salt=seq.salt)
-        usable = seq.match.num_tokens
-        if not seq.output_ids and usable == seq.prefill_target:
-            usable -= self.block_size
-        seq.blocks = list(seq.match.block_ids[: usable // self.block_size])
-        seq.num_computed = usable
-        if not seq.output_ids:
-            seq.cached_tokens = usable
 
     def _next_prefills(self, num_decoding: int, now: float) -> list[PrefillWork]:
         self.hold_s = 0.0
@@ -333,9 +201,9 @@ class Scheduler:
     def _chunk(self, seq: Sequence, budget: int, table_room: int) -> PrefillWork | None:
         """The next chunk of ``seq``, at most ``budget`` tokens, if ``seq`` then owns at most
         ``table_room`` blocks; ``None`` if it would not, or if memory is short."""
-        self._reuse_cached_prefix(seq)
+        self.blocks.reuse_cached_prefix(seq)
         start = seq.num_computed
         end = min(start + budget, seq.prefill_target)
-        if blocks_for(end, self.block_size) > table_room or not self._grow(seq, end):
+        if blocks_for(end, self.block_size) > table_room or not self.blocks.grow(seq, end):
             return None
         return PrefillWork(seq=seq, start=start, tokens=seq.tokens[start:end], last=end == seq.prefill_target)

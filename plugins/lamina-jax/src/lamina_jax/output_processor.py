@@ -1,0 +1,83 @@
+"""Sampled tokens → what each request's client receives: text, stop conditions, logprobs, usage.
+
+One :class:`_Output` per sequence holds its incremental detokenizer and stop-string filter. The
+engine hands every sampled row to :meth:`OutputProcessor.accept`, which appends the token, decides
+whether the sequence is finished (EOS, a stop token or string, ``max_tokens``, the context
+window) and emits a :class:`~lamina_hookspecs.types.TokenChunk` through the sequence's ``emit``.
+"""
+
+from __future__ import annotations
+
+from lamina_hookspecs.types import FinishReason, TokenChunk, TopLogprob, Usage
+from lamina_jax.model_runner import SampledRow
+from lamina_jax.sequence import Sequence
+from lamina_jax.stop_text import StopText
+from lamina_jax.tokenizer import GGUFTokenizer, IncrementalDetokenizer
+
+
+class _Output:
+    """Per-sequence text state: incremental detokenizer and stop-string filter."""
+
+    def __init__(self, tokenizer: GGUFTokenizer, seq: Sequence) -> None:
+        self.detokenizer = IncrementalDetokenizer(tokenizer, seq.prompt_ids, skip_special_tokens=True)
+        self.stop_text = StopText(seq.sampling.stop)
+
+
+class OutputProcessor:
+    """The text state of every sequence the engine holds; runs on the engine thread."""
+
+    def __init__(self, tokenizer: GGUFTokenizer, *, max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self._outputs: dict[Sequence, _Output] = {}
+
+    def add(self, seq: Sequence) -> None:
+        self._outputs[seq] = _Output(self.tokenizer, seq)
+
+    def drop(self, seq: Sequence) -> None:
+        self._outputs.pop(seq, None)
+
+    def accept(self, seq: Sequence, row: SampledRow) -> bool:
+        """Append ``row``'s token to ``seq`` and emit it; True if ``seq`` is finished (and dropped here)."""
+        output = self._outputs[seq]
+        sampling = seq.sampling
+        token = row.token
+        seq.output_ids.append(token)
+        finish: FinishReason | None = None
+        text = ""
+        if (token == self.tokenizer.eos_id and not sampling.ignore_eos) or token in sampling.stop_token_ids:
+            finish = "stop"
+        else:
+            text, hit = output.stop_text.push(output.detokenizer.add(token))
+            finish = "stop" if hit else None
+        if finish is None and (len(seq.output_ids) >= sampling.max_tokens or seq.length >= self.max_model_len):
+            finish = "length"
+        if finish is not None:
+            text += output.stop_text.flush()  # held-back text is final now ("" after a stop string)
+        seq.emit(TokenChunk(
+            request_id=seq.request_id,
+            index=len(seq.output_ids) - 1,
+            token_ids=(token,),
+            text=text,
+            logprobs=(row.logprob,) if sampling.logprobs else None,
+            top_logprobs=(self._top(row, sampling.top_logprobs),) if sampling.logprobs else None,
+            finish_reason=finish,
+            usage=Usage(prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
+                        cached_tokens=seq.cached_tokens, queue_s=seq.queue_s or 0.0) if finish else None,
+        ))
+        if finish is not None:
+            self.drop(seq)
+        return finish is not None
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """End ``seq``'s stream with ``reason`` and no new token."""
+        seq.emit(TokenChunk(request_id=seq.request_id, index=len(seq.output_ids), finish_reason=reason,
+                            usage=Usage(prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
+                                        queue_s=seq.queue_s or 0.0)))
+        self.drop(seq)
+
+    def _top(self, row: SampledRow, count: int) -> tuple[TopLogprob, ...]:
+        return tuple(
+            TopLogprob(token_id=int(t), text=self.tokenizer.decode([int(t)]), logprob=float(lp))
+            for t, lp in zip(row.top_ids[:count], row.top_logprobs[:count], strict=True)
+        )
