@@ -2,7 +2,8 @@
 ``weights_dtype = "auto"`` chooses on this machine.
 
 For each weight format of ``lamina_jax.weight_formats`` (float32; bfloat16 with native bf16 dots
-accumulating in float32; bfloat16 weights computed in float32), with a float32 KV cache, through
+accumulating in float32; bfloat16 weights computed in float32; int8 with row and column scales),
+with a float32 KV cache, through
 the model functions of ``lamina_jax`` (the helpers of ``kv_dtype.py``):
 
 1. perplexity over held-out ShareGPT assistant text (4096 tokens; 2048 with ``--quick``),
@@ -80,8 +81,9 @@ def main() -> None:
     defaults = JaxOptions()
     rows = sorted({n for _, n in ModelRunner.shapes_for(max_batch=defaults.max_batch,
                                                         prefill_chunk=defaults.prefill_chunk)})
-    timings = weight_formats.measure(model.params, rows)
-    chosen = weight_formats.fastest(timings)
+    timings = weight_formats.measure(model.params, rows, list(weight_formats.FORMATS))
+    chosen = weight_formats.fastest({n: {f: t for f, t in by.items() if f in weight_formats.AUTO}
+                                     for n, by in timings.items()})
 
     print(f"SmolLM2-135M-Instruct, JAX {jax.__version__} on {jax.default_backend()} "
           f"({platform.processor() or platform.machine()}); perplexity over {len(held_out)} ShareGPT tokens; "
@@ -91,7 +93,7 @@ def main() -> None:
         print(f"{dtype:<13} {row['perplexity']:>8.3f} {row['perplexity_delta_pct']:>+8.2f} "
               f"{'ok' if row['passes_gate'] else 'FAIL':>5} {row['greedy_agreement']:>7.3f} "
               f"{row['identical_continuations']:>4}/{len(agree_prompts):<3} {row['decode_tok_s_16_streams']:>9.1f}")
-    print("\n'auto' at start-up: ms per layer's projections, and the choice")
+    print(f"\n'auto' at start-up: ms per layer's projections, and the choice among {', '.join(weight_formats.AUTO)}")
     for n in rows:
         print(f"  {n:>4} rows: " + "  ".join(f"{fmt} {t * 1e3:7.3f}" for fmt, t in timings[n].items())
               + f"  -> {chosen[n]}")

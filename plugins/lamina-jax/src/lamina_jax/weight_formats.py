@@ -2,12 +2,16 @@
 
 A format is the dtype the weights are held in and the dtype their products compute in:
 ``float32``; ``bfloat16`` (native bf16 dots accumulating in float32); ``bfloat16-f32`` (bfloat16
-weights converted to float32 inside the product). Decode with a few rows is bound by memory
+weights converted to float32 inside the product); ``int8`` (`Int8Weight`: int8 with row and column
+scales, converted to float32 inside the product, which reads a quarter of float32's bytes in a
+one-row decode). Decode with a few rows is bound by memory
 bandwidth, a big batch or a prompt chunk by the matrix kernels, and which format is fastest at
 which size differs from one CPU to the next (bf16 dots are native on CPUs with AVX-512 BF16,
 slow on others). With ``weights_dtype = "auto"`` the executor times one decoder layer's
-projections in every format at every row count it compiles and serves each shape in the
-fastest; a weight dtype is held only if some shape uses it.
+projections in each of the `AUTO` formats at every row count it compiles and serves each shape
+in the fastest; a weight dtype is held only if some shape uses it. ``int8`` is left out of
+``auto``: it passes the perplexity gate but changes far more greedy tokens than the bfloat16
+formats (``benchmarks/weights_dtype.py``), so it is served only when a stack file asks for it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
+from typing import TypeVar
 
 import attrs
 import jax
@@ -22,19 +27,28 @@ import jax.numpy as jnp
 import numpy as np
 
 from lamina_jax.model.config import LlamaConfig
-from lamina_jax.model.llama import LayerParams, LlamaParams, linear
+from lamina_jax.model.llama import LayerParams, LlamaParams, linear, quantize_int8
 
 FORMATS: dict[str, tuple[str, str | None]] = {
     "float32": ("float32", None),
     "bfloat16": ("bfloat16", None),
     "bfloat16-f32": ("bfloat16", "float32"),
+    "int8": ("int8", None),
 }
 """Format name → (dtype the weights are held in, `LlamaConfig.matmul_dtype`)."""
+AUTO = ("float32", "bfloat16", "bfloat16-f32")
+"""The formats ``weights_dtype = "auto"`` chooses from."""
 ROUNDS = 5
 
 
-def cast(params: LlamaParams, dtype: str) -> LlamaParams:
-    """``params`` with every array in ``dtype``."""
+_P = TypeVar("_P", LlamaParams, LayerParams)
+
+
+def cast(params: _P, dtype: str) -> _P:
+    """``params`` with every array in ``dtype``; for ``int8``, every matrix quantized (`quantize_int8`)
+    and the norms kept in float32."""
+    if dtype == "int8":
+        return jax.tree.map(lambda a: quantize_int8(a) if a.ndim == 2 else a, params)
     return jax.tree.map(lambda a: a.astype(dtype), params)
 
 
@@ -64,10 +78,11 @@ def _seconds(layer: LayerParams, rows: int, matmul_dtype: str | None) -> float:
     return float(np.median(times))
 
 
-def measure(params: LlamaParams, row_counts: Sequence[int]) -> dict[int, dict[str, float]]:
+def measure(params: LlamaParams, row_counts: Sequence[int],
+            formats: Sequence[str] = AUTO) -> dict[int, dict[str, float]]:
     """Seconds per call of one layer's projections, by row count and format."""
-    layers = {dtype: cast(params.layers[0], dtype) for dtype, _ in FORMATS.values()}
-    return {rows: {fmt: _seconds(layers[dtype], rows, mm) for fmt, (dtype, mm) in FORMATS.items()}
+    layers = {FORMATS[fmt][0]: cast(params.layers[0], FORMATS[fmt][0]) for fmt in formats}
+    return {rows: {fmt: _seconds(layers[FORMATS[fmt][0]], rows, FORMATS[fmt][1]) for fmt in formats}
             for rows in row_counts}
 
 
