@@ -96,6 +96,39 @@ def test_200_streams_cut_off_mid_way_free_every_kv_block(live: Any, tiny_model: 
     assert executor.engine.scheduler.running == [] and not executor.engine.scheduler.waiting
 
 
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert 'lamina_request_aborts_total{reason="client_gone"}' in metrics
+
+
+def test_non_streamed_requests_whose_clients_leave_are_aborted_within_a_second(live: Any, tiny_model: Path) -> None:
+    """Two run at a time, so most of them wait in the queue when their clients leave."""
+    server = live({"executor": {"use": "jax", "model": str(tiny_model), "max_model_len": 256, "max_batch": 2}})
+    executor = server.stack.backends["local"]
+    body = {"model": "tiny-llama", "prompt": "in the a b c", "max_tokens": 240, "ignore_eos": True, "temperature": 0}
+
+    async def leave_early() -> int:
+        async with httpx.AsyncClient(timeout=60) as client:
+            posts = [asyncio.create_task(client.post(f"{server.url}/v1/completions", json=body)) for _ in range(20)]
+            deadline = time.monotonic() + 30
+            while executor.state().outstanding_requests < 20:
+                assert time.monotonic() < deadline, executor.state()
+                await asyncio.sleep(0.01)
+            busy = executor.state().kv_blocks_used
+            for post in posts:
+                post.cancel()  # the client gives up: httpx closes the connection
+            await asyncio.gather(*posts, return_exceptions=True)
+            return busy
+
+    busy = asyncio.run(leave_early())
+    left_at = time.monotonic()
+    while (state := executor.state()).kv_blocks_used or state.outstanding_requests or state.queue_depth:
+        assert time.monotonic() - left_at < 1.0, state
+        time.sleep(0.02)
+    assert busy > 0, "the requests were running when their clients left"
+    assert executor.engine.scheduler.running == [] and not executor.engine.scheduler.waiting
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert 'lamina_request_aborts_total{reason="client_gone"} 20.0' in metrics
+
 
 def test_sigterm_drains_in_flight_streams_then_exits_zero(tmp_path: Path) -> None:
     stack = tmp_path / "slow-echo.toml"

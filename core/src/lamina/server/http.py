@@ -8,16 +8,19 @@ the client negotiated with ``Accept`` (``text/event-stream`` — OpenAI SSE — 
 
 A streamed response starts only once the first chunk exists, so every rejection (admission,
 validation, context length, queue full) still gets its own HTTP status and an OpenAI error
-body. A client that disconnects cancels the stream, which aborts the request and frees its
-KV blocks. While the server drains (SIGTERM) new requests get 503.
+body. A client that disconnects aborts its request and frees its KV blocks, whether it waits
+for a stream, for its first chunk, or for a whole non-streamed answer (the handler watches the
+ASGI receive channel for the disconnect while it waits); aborts are counted by reason in
+``/metrics``. While the server drains (SIGTERM) new requests get 503.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import orjson
 import structlog
@@ -48,6 +51,38 @@ from lamina.stack import Stack
 log = structlog.get_logger(__name__)
 
 DEFAULT_ACCEPT = {"*/*", "application/*", "text/*", "application/json", "text/event-stream", ""}
+CLIENT_CLOSED = 499
+"""nginx's status for a request whose client closed the connection first (nobody receives it)."""
+
+_T = TypeVar("_T")
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request was being answered."""
+
+
+async def _disconnected(http: HttpRequest) -> None:
+    """Return once the client has disconnected (its body is read, so nothing else arrives)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def while_connected(http: HttpRequest, work: Awaitable[_T]) -> _T:
+    """``work``'s result; if the client disconnects first, ``work`` is cancelled and `ClientGone` raised."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(http))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if not watcher.done() or watcher.cancelled():
+            raise  # this handler itself was cancelled
+        raise ClientGone from None
 
 
 def error_response(error: LaminaError, request_id: str | None = None) -> JSONResponse:
@@ -55,6 +90,10 @@ def error_response(error: LaminaError, request_id: str | None = None) -> JSONRes
     if error.retry_after is not None:
         headers["retry-after"] = str(max(1, round(error.retry_after)))
     return JSONResponse(error.to_openai(), status_code=error.http_status, headers=headers)
+
+
+async def _rest(chunks: AsyncIterator[TokenChunk]) -> list[TokenChunk]:
+    return [chunk async for chunk in chunks]
 
 
 class Server:
@@ -161,10 +200,13 @@ class Server:
         chunks = run_request(self.stack, ctx, body, lambda b: parse(b, ctx.request_id, ctx.tenant))
         self.in_flight += 1
         try:
-            first = await anext(chunks)
+            first = await while_connected(http, anext(chunks))
         except LaminaError as error:
             self.in_flight -= 1
             return error_response(error, ctx.request_id)
+        except ClientGone:
+            self.in_flight -= 1
+            return await self._gone(chunks)
         except BaseException:
             self.in_flight -= 1
             raise
@@ -173,9 +215,11 @@ class Server:
         headers = {"x-request-id": ctx.request_id}
         if not request.stream:
             try:
-                collected = [first] + [chunk async for chunk in chunks]
+                collected = [first] + await while_connected(http, _rest(chunks))
             except LaminaError as error:
                 return error_response(error, ctx.request_id)
+            except ClientGone:
+                return await self._gone(chunks)
             finally:
                 self.in_flight -= 1
             return Response(orjson.dumps(completion_body(kind, request, collected)), media_type="application/json",
@@ -186,20 +230,31 @@ class Server:
         return StreamingResponse(self._stream(codec, meta, ctx, first, chunks), media_type=codec.media_type,
                                  headers=headers)
 
+    async def _gone(self, chunks: AsyncIterator[TokenChunk]) -> Response:
+        """Abort a request whose client left; the response goes nowhere."""
+        await chunks.aclose()  # type: ignore[attr-defined]
+        self.metrics.aborted("client_gone")
+        return Response(status_code=CLIENT_CLOSED)
+
     async def _stream(self, codec: Codec, meta: StreamMeta, ctx: RequestContext, first: TokenChunk,
                       chunks: AsyncIterator[TokenChunk]) -> AsyncIterator[bytes]:
         encoder = codec.encoder()
+        ended = first.finish_reason is not None
         try:
             yield encoder.header(meta) + encoder.chunk(first)
             last = time.monotonic()
             async for chunk in chunks:
+                ended = chunk.finish_reason is not None
                 yield encoder.chunk(chunk)
                 now = time.monotonic()
                 if chunk.token_ids:
                     self.metrics.inter_token(ctx, now - last)
                 last = now
         except LaminaError as error:
+            ended = True
             yield encoder.error(StreamError(message=error.message, type=error.openai_type, code=error.code))
         finally:
             self.in_flight -= 1
             await chunks.aclose()  # type: ignore[attr-defined]
+            if not ended:  # the server stopped the stream early: its client left
+                self.metrics.aborted("client_gone")

@@ -179,6 +179,9 @@ class Metrics:
         self.e2e = prometheus_client.Histogram(
             "lamina_e2e_request_latency_seconds", "End-to-end request latency.", ["arm"], buckets=LATENCY_BUCKETS,
             registry=r)
+        self.aborts = prometheus_client.Counter(
+            "lamina_request_aborts", "Requests aborted before they finished, by reason (client_gone).",
+            ["reason"], registry=r)
         self.prompt_tokens = prometheus_client.Counter(
             "lamina_prompt_tokens", "Prompt tokens processed, by tenant and A/B arm.", ["tenant", "arm"], registry=r)
         self.generation_tokens = prometheus_client.Counter(
@@ -198,6 +201,10 @@ class Metrics:
         """Count a request the transport refused before it reached the pipeline."""
         self.requests.labels(endpoint, str(http_status), tenant, "").inc()
         self.slo.outcome(http_status)
+
+    def aborted(self, reason: str) -> None:
+        """Count a request the transport aborted (``client_gone``: its client disconnected)."""
+        self.aborts.labels(reason).inc()
 
     def inter_token(self, ctx: RequestContext, gap_s: float) -> None:
         """One gap between streamed chunks (the transport measures it)."""
