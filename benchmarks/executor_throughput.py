@@ -66,6 +66,7 @@ from tqdm import tqdm
 
 from lamina.logging import configure_logging
 from lamina_hookspecs.types import Request, SamplingParams
+from lamina_jax import weight_formats
 from lamina_jax.executor import JaxExecutor
 from lamina_jax.options import JaxOptions
 from lamina_jax.weights.gguf import smollm2_path
@@ -380,7 +381,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 rounds, 1 and 16 streams, 32 new tokens")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per figure (default 3, quick 2)")
-    parser.add_argument("--weights-dtype", choices=["auto", "float32", "bfloat16", "bfloat16-f32"], default="auto",
+    parser.add_argument("--weights-dtype", choices=["auto", *weight_formats.FORMATS], default="auto",
                         help="the executor's weights_dtype (default: auto, as the default stack)")
     add_peer_argument(parser)
     args = parser.parse_args()
