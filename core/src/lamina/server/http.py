@@ -68,21 +68,31 @@ async def _disconnected(http: HttpRequest) -> None:
 
 
 async def while_connected(http: HttpRequest, work: Awaitable[_T]) -> _T:
-    """``work``'s result; if the client disconnects first, ``work`` is cancelled and `ClientGone` raised."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(http))
+    """Await ``work``; if the client disconnects first, it is cancelled and `ClientGone` raised.
+
+    ``work`` runs in this task, not a new one, so what it binds in contextvars (the request's log
+    fields) stays bound for the rest of the request; a watcher task cancels this one on a disconnect.
+    """
+    handler = asyncio.current_task()
+    assert handler is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
+        await _disconnected(http)
+        gone = True
+        handler.cancel()
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise  # this handler itself was cancelled
+        handler.uncancel()
+        raise ClientGone from None
     finally:
         watcher.cancel()
-        if not task.done():
-            task.cancel()
-    try:
-        return await task
-    except asyncio.CancelledError:
-        if not watcher.done() or watcher.cancelled():
-            raise  # this handler itself was cancelled
-        raise ClientGone from None
 
 
 def error_response(error: LaminaError, request_id: str | None = None) -> JSONResponse:
