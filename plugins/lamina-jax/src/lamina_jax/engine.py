@@ -11,9 +11,10 @@ Each ``step()`` is schedule → run → update:
   decode calls and samples on the device (XLA releases the GIL meanwhile);
 - update: the :class:`~lamina_jax.output_processor.OutputProcessor` detokenizes each new
   token incrementally, checks stop conditions and hands it to its request's ``emit``
-  callback, which forwards it to the event loop with ``call_soon_threadsafe``. Finished and aborted sequences free their blocks at once. With a
-  batching policy, the longest time to first token (submission to first token) of the
-  sequences that got theirs in the step is reported to it.
+  callback, which forwards it to the event loop with ``call_soon_threadsafe``. Finished and
+  aborted sequences free their blocks at once. With a batching policy, the longest time to
+  first token (submission to first token) of the sequences that got theirs in the step is
+  reported to it.
 
 When there is nothing to do, the thread blocks on the inbox. When the batching policy holds
 new prefills and nothing is running, it waits on the inbox for at most the hold: a new request
