@@ -19,11 +19,12 @@ import json
 import os
 import platform
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from lamina_jax.native import cpu_key, cpu_model, cpuinfo, lscpu
 
 BINARIES = ("llama-server", "llama-bench", "llama-batched-bench")
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni")
@@ -35,49 +36,9 @@ BUILD_HINT = ("build it with `bash scripts/peers/build_llama_cpp.sh` (about 25 m
 # -- this machine ----------------------------------------------------------------------------
 
 
-def _lscpu() -> dict[str, str]:
-    if shutil.which("lscpu") is None:
-        return {}
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10, check=False,
-                              env={**os.environ, "LC_ALL": "C"}).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() not in out:
-            out[key.strip()] = value.strip()
-    return out
-
-
-def _cpuinfo() -> dict[str, str]:
-    out: dict[str, str] = {}
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return out
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() not in out:
-            out[key.strip()] = value.strip()
-    return out
-
-
-def cpu_model() -> str:
-    """The CPU's model name as ``lscpu`` prints it (``/proc/cpuinfo`` or ``platform`` otherwise)."""
-    return (_lscpu().get("Model name") or _cpuinfo().get("model name") or platform.processor()
-            or platform.machine() or "unknown")
-
-
-def cpu_key(model: str | None = None) -> str:
-    """The CPU model as the build script writes it in the cache folder's name."""
-    return re.sub(r"[^A-Za-z0-9.-]", "_", model if model is not None else cpu_model())
-
-
 def machine() -> dict[str, Any]:
     """The CPU model, the core count (``os.cpu_count``) and which of :data:`FLAGS` the CPU has."""
-    flags_text = _lscpu().get("Flags") or _cpuinfo().get("flags") or ""
+    flags_text = lscpu().get("Flags") or cpuinfo().get("flags") or ""
     flags = set(flags_text.split())
     return {"cpu_model": cpu_model(), "cores": os.cpu_count(),
             "flags": {flag: flag in flags for flag in FLAGS},

@@ -59,8 +59,10 @@ def main() -> None:
 
     results: dict[str, dict[str, Any]] = {}
     greedy: dict[str, np.ndarray] = {}
-    with tqdm(total=len(weight_formats.FORMATS) * 3, desc="weight formats", file=sys.stderr) as bar:
-        for fmt, (dtype, _) in weight_formats.FORMATS.items():
+    formats, auto = weight_formats.usable(model.params), weight_formats.auto(model.params)
+    with tqdm(total=len(formats) * 3, desc="weight formats", file=sys.stderr) as bar:
+        for fmt in formats:
+            dtype = weight_formats.FORMATS[fmt][0]
             params, fmt_config = weight_formats.cast(model.params, dtype), weight_formats.configure(config, fmt)
             row: dict[str, Any] = {"perplexity": perplexity(params, fmt_config, "float32", held_out)}
             bar.update()
@@ -81,8 +83,8 @@ def main() -> None:
     defaults = JaxOptions()
     rows = sorted({n for _, n in ModelRunner.shapes_for(max_batch=defaults.max_batch,
                                                         prefill_chunk=defaults.prefill_chunk)})
-    timings = weight_formats.measure(model.params, rows, list(weight_formats.FORMATS))
-    chosen = weight_formats.fastest({n: {f: t for f, t in by.items() if f in weight_formats.AUTO}
+    timings = weight_formats.measure(model.params, rows, formats)
+    chosen = weight_formats.fastest({n: {f: t for f, t in by.items() if f in auto}
                                      for n, by in timings.items()})
 
     print(f"SmolLM2-135M-Instruct, JAX {jax.__version__} on {jax.default_backend()} "
@@ -93,7 +95,7 @@ def main() -> None:
         print(f"{dtype:<13} {row['perplexity']:>8.3f} {row['perplexity_delta_pct']:>+8.2f} "
               f"{'ok' if row['passes_gate'] else 'FAIL':>5} {row['greedy_agreement']:>7.3f} "
               f"{row['identical_continuations']:>4}/{len(agree_prompts):<3} {row['decode_tok_s_16_streams']:>9.1f}")
-    print(f"\n'auto' at start-up: ms per layer's projections, and the choice among {', '.join(weight_formats.AUTO)}")
+    print(f"\n'auto' at start-up: ms per layer's projections, and the choice among {', '.join(auto)}")
     for n in rows:
         print(f"  {n:>4} rows: " + "  ".join(f"{fmt} {t * 1e3:7.3f}" for fmt, t in timings[n].items())
               + f"  -> {chosen[n]}")

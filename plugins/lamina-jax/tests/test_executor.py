@@ -19,6 +19,7 @@ from lamina_jax.executor import JaxExecutor
 from lamina_jax.model.llama import forward
 from lamina_jax.options import JaxOptions
 from lamina_jax.weights.gguf import load_gguf
+from lamina_jax.testing import ggml_matmul_absent
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -233,10 +234,11 @@ def test_a_missing_model_file_is_a_config_error() -> None:
         JaxOptions(model="/no/such.gguf")
 
 
-@pytest.mark.parametrize("fmt", ["bfloat16", "int8"])
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8", pytest.param("q4_1", marks=pytest.mark.skipif(ggml_matmul_absent(), reason="no ggml kernel"))])
 def test_low_precision_weights_serve_the_same_greedy_start(tiny_gguf: Path, fmt: str) -> None:
-    """Weights held in bfloat16 or int8 (chosen in the stack file) run the same code path; on this
-    tiny model the first greedy tokens agree with float32."""
+    """Weights held in bfloat16, int8 or ggml's Q4_1 blocks (chosen in the stack file) run the same
+    code path; on this tiny model the first greedy tokens agree with float32."""
+    from lamina_jax.model.ggml import GgmlWeight
     from lamina_jax.model.llama import Int8Weight
 
     request = Request(id="b", model="tiny-llama", prompt="in the", sampling=SamplingParams(max_tokens=3, **GREEDY))
@@ -244,8 +246,15 @@ def test_low_precision_weights_serve_the_same_greedy_start(tiny_gguf: Path, fmt:
     async def go(dtype: str) -> list[int]:
         executor = await started(tiny_gguf, weights_dtype=dtype)
         try:
-            embed = executor.engine.runner.params.embed
-            assert isinstance(embed, Int8Weight) if dtype == "int8" else embed.dtype == jnp.dtype(dtype)
+            params = executor.engine.runner.params
+            if dtype == "q4_1":  # the matrices in Q4_1 blocks, the output head in Q8_0, the embedding gathered
+                assert {w.kind for w in (params.layers[0].wq, params.layers[1].w_down)} == {"q4_1"}
+                assert isinstance(params.lm_head, GgmlWeight) and params.lm_head.kind == "q8_0"
+                assert params.embed.dtype == jnp.float32
+            elif dtype == "int8":
+                assert isinstance(params.embed, Int8Weight)
+            else:
+                assert params.embed.dtype == jnp.dtype(dtype)
             return tokens_of(await collect(executor, request))
         finally:
             await executor.stop()
@@ -260,8 +269,8 @@ def test_auto_weights_serve_each_shape_in_the_format_measured_fastest(tiny_gguf:
     below 16 rows and native bfloat16 from 16 on (so float32 weights are not held at all)."""
     from lamina_jax import weight_formats
 
-    def measured(params: object, row_counts: list[int]) -> dict[int, dict[str, float]]:
-        assert row_counts == sorted(row_counts) and row_counts[0] == 1
+    def measured(params: object, row_counts: list[int], formats: tuple[str, ...]) -> dict[int, dict[str, float]]:
+        assert row_counts == sorted(row_counts) and row_counts[0] == 1 and "int8" not in formats
         return {rows: {"float32": 1.0, "bfloat16": 2.0 if rows < 16 else 0.5, "bfloat16-f32": 0.7}
                 for rows in row_counts}
 
@@ -288,8 +297,11 @@ def test_the_format_measurement_times_every_format() -> None:
     from lamina_jax import weight_formats
     from lamina_jax.testing import random_weights, tiny_config, to_params
 
-    timings = weight_formats.measure(to_params(random_weights(tiny_config(), seed=0)), [1, 16])
-    assert set(timings) == {1, 16} and all(set(t) == set(weight_formats.AUTO) for t in timings.values())
+    params = to_params(random_weights(tiny_config(), seed=0))
+    formats = weight_formats.auto(params)
+    assert "int8" not in formats and {"float32", "bfloat16", "bfloat16-f32"} <= set(formats)
+    timings = weight_formats.measure(params, [1, 16], formats)
+    assert set(timings) == {1, 16} and all(set(t) == set(formats) for t in timings.values())
     assert all(seconds > 0 for t in timings.values() for seconds in t.values())
     assert weight_formats.fastest({1: {"float32": 2.0, "bfloat16": 1.0}}) == {1: "bfloat16"}
 

@@ -26,6 +26,7 @@ from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
 from lamina_jax.engine import Engine
 from lamina_jax.block_manager import BlockAllocator, BlockManager, blocks_for
 from lamina_jax import weight_formats
+from lamina_jax.model import ggml
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import LlamaParams, kv_bytes_per_position
 from lamina_jax.model_runner import ModelRunner
@@ -102,8 +103,11 @@ class JaxExecutor:
         shapes served in another format."""
         if self.options.weights_dtype != "auto":
             fmt = self.options.weights_dtype
+            if fmt not in weight_formats.usable(params):
+                raise ValueError(f"weights_dtype = {fmt!r} cannot serve this model here: its matrices' rows must "
+                                 f"split into blocks of {ggml.BLOCK} weights")
             return cast(params, weight_formats.FORMATS[fmt][0]), configure(config, fmt), {}
-        timings = weight_formats.measure(params, sorted({rows for _, rows in shapes}))
+        timings = weight_formats.measure(params, sorted({rows for _, rows in shapes}), weight_formats.auto(params))
         choice = weight_formats.fastest(timings)
         default = Counter(choice.values()).most_common(1)[0][0]
         held = {dtype: cast(params, dtype) for dtype in {weight_formats.FORMATS[f][0] for f in choice.values()}}

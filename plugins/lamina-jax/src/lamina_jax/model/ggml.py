@@ -1,0 +1,100 @@
+"""Matrices held in ggml's block-quantized formats and multiplied by ggml's own CPU kernels.
+
+`GgmlWeight` keeps a matrix ``[out, in]`` as the blocks llama.cpp reads from a GGUF file (Q4_1:
+32 weights in 20 bytes; Q8_0: 32 in 34), and `matmul` computes ``x @ w.T`` with them through an
+XLA FFI custom call into ggml-cpu (``plugins/lamina-jax/csrc/ggml_matmul.cc``), so a one-row decode
+reads the compressed blocks rather than float32. XLA:CPU has no kernel that keeps 4-bit weights
+packed inside a product, and ggml's are the ones llama.cpp itself runs on the same file.
+
+The kernel is a native library built once per machine by ``scripts/kernels/build_ggml_matmul.sh``
+(found by `lamina_jax.native.ggml_matmul_library`); without it `available` is False and the formats
+that need it are not offered.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import attrs
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lamina_jax.native import GGML_MATMUL_BUILD_HINT, ggml_matmul_library
+
+TYPES = {"q4_1": 3, "q8_0": 8}
+"""Block formats `quantize` accepts → ggml's ``enum ggml_type``."""
+BLOCK = 32
+"""Weights per block in every format of `TYPES`: a matrix's ``in`` must be a multiple of it."""
+_TARGET = "lamina_ggml_matmul"
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["blocks"], meta_fields=["kind", "columns"])
+@attrs.frozen
+class GgmlWeight:
+    """A matrix ``[out, in]`` as ggml blocks: ``blocks [out, row bytes]`` uint8, of ``kind`` (a key of
+    `TYPES`), ``columns`` = ``in``."""
+
+    blocks: jax.Array
+    kind: str
+    columns: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.blocks.shape[0], self.columns
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """The kernel, loaded and registered with XLA; None when it is not built."""
+    path = ggml_matmul_library()
+    if path is None:
+        return None
+    lib = ctypes.CDLL(str(path))
+    lib.lamina_ggml_row_size.restype = ctypes.c_size_t
+    lib.lamina_ggml_row_size.argtypes = [ctypes.c_int64, ctypes.c_int64]
+    lib.lamina_ggml_quantize.restype = ctypes.c_size_t
+    lib.lamina_ggml_quantize.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                         ctypes.c_int64]
+    jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.LaminaGgmlMatmul), platform="cpu")
+    return lib
+
+
+def available() -> bool:
+    """Whether the kernel is built for this machine (and the backend is the CPU it runs on)."""
+    return jax.default_backend() == "cpu" and _library() is not None
+
+
+def _require() -> ctypes.CDLL:
+    lib = _library()
+    if lib is None:
+        raise RuntimeError(f"the ggml matmul kernel is not built for this machine: {GGML_MATMUL_BUILD_HINT}")
+    return lib
+
+
+def quantizable(w: jax.Array) -> bool:
+    """Whether ``w`` is a matrix whose rows split into whole blocks."""
+    return w.ndim == 2 and w.shape[1] % BLOCK == 0
+
+
+def quantize(w: jax.Array | np.ndarray, kind: str) -> GgmlWeight:
+    """``w [out, in]`` in ggml's ``kind`` blocks, by ggml's own quantizer (on the host). A matrix that
+    came from blocks of the same kind gets those blocks back."""
+    lib = _require()
+    if not quantizable(jnp.asarray(w)):
+        raise ValueError(f"a {kind} matrix needs rows of a multiple of {BLOCK} weights, not {w.shape}")
+    rows = np.ascontiguousarray(np.asarray(w, np.float32))
+    blocks = np.empty((rows.shape[0], lib.lamina_ggml_row_size(TYPES[kind], rows.shape[1])), np.uint8)
+    lib.lamina_ggml_quantize(TYPES[kind], rows.ctypes.data, blocks.ctypes.data, *rows.shape)
+    return GgmlWeight(jnp.asarray(blocks), kind, rows.shape[1])
+
+
+def matmul(x: jax.Array, w: GgmlWeight) -> jax.Array:
+    """``x [..., in] @ w.T`` in float32: ggml quantizes the rows of ``x`` to its dot format (Q8_1 for
+    Q4_1, Q8_0 for Q8_0) and multiplies them with the blocks."""
+    _require()
+    rows = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+    out = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((rows.shape[0], w.shape[0]), jnp.float32))(
+        rows, w.blocks, wtype=np.int64(TYPES[w.kind]))
+    return out.reshape(*x.shape[:-1], w.shape[0])
