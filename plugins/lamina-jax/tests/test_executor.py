@@ -299,7 +299,7 @@ def test_the_format_measurement_times_every_format() -> None:
 
     params = to_params(random_weights(tiny_config(), seed=0))
     formats = weight_formats.auto(params)
-    assert "int8" not in formats and {"float32", "bfloat16", "bfloat16-f32"} <= set(formats)
+    assert set(formats) == {"float32", "bfloat16", "bfloat16-f32"}
     timings = weight_formats.measure(params, [1, 16], formats)
     assert set(timings) == {1, 16} and all(set(t) == set(formats) for t in timings.values())
     assert all(seconds > 0 for t in timings.values() for seconds in t.values())
