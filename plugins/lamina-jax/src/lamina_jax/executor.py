@@ -104,8 +104,8 @@ class JaxExecutor:
         if self.options.weights_dtype != "auto":
             fmt = self.options.weights_dtype
             if fmt not in weight_formats.usable(params):
-                raise ValueError(f"weights_dtype = {fmt!r} cannot serve this model here: its matrices' rows must "
-                                 f"split into blocks of {ggml.BLOCK} weights")
+                raise ValueError(f"weights_dtype = {fmt!r} cannot serve this model here: it needs the ggml kernel "
+                                 f"on the CPU backend and matrices whose rows split into blocks of {ggml.BLOCK}")
             return cast(params, weight_formats.FORMATS[fmt][0]), configure(config, fmt), {}
         timings = weight_formats.measure(params, sorted({rows for _, rows in shapes}), weight_formats.auto(params))
         choice = weight_formats.fastest(timings)

@@ -73,7 +73,7 @@ def _require() -> ctypes.CDLL:
     return lib
 
 
-def quantizable(w: jax.Array) -> bool:
+def quantizable(w: jax.Array | np.ndarray) -> bool:
     """Whether ``w`` is a matrix whose rows split into whole blocks."""
     return w.ndim == 2 and w.shape[1] % BLOCK == 0
 
@@ -82,9 +82,9 @@ def quantize(w: jax.Array | np.ndarray, kind: str) -> GgmlWeight:
     """``w [out, in]`` in ggml's ``kind`` blocks, by ggml's own quantizer (on the host). A matrix that
     came from blocks of the same kind gets those blocks back."""
     lib = _require()
-    if not quantizable(jnp.asarray(w)):
-        raise ValueError(f"a {kind} matrix needs rows of a multiple of {BLOCK} weights, not {w.shape}")
     rows = np.ascontiguousarray(np.asarray(w, np.float32))
+    if not quantizable(rows):
+        raise ValueError(f"a {kind} matrix needs rows of a multiple of {BLOCK} weights, not {rows.shape}")
     blocks = np.empty((rows.shape[0], lib.lamina_ggml_row_size(TYPES[kind], rows.shape[1])), np.uint8)
     lib.lamina_ggml_quantize(TYPES[kind], rows.ctypes.data, blocks.ctypes.data, *rows.shape)
     return GgmlWeight(jnp.asarray(blocks), kind, rows.shape[1])
