@@ -2,7 +2,7 @@
 
 The kernel is native code built per machine by ``scripts/kernels/build_ggml_matmul.sh``; these
 tests skip where it is not built, except where ``LAMINA_REQUIRE_GGML_MATMUL=1`` says it must be
-(the tox ``tests`` env builds it first and sets that).
+(the tox ``ggml`` env builds it first and sets that).
 """
 
 from __future__ import annotations

@@ -242,7 +242,7 @@ def write_tiny_gguf(path: Path, *, seed: int = 7) -> Path:
 
 def ggml_matmul_absent() -> bool:
     """Whether tests of the ggml matmul kernel should skip: it is not built here and
-    ``LAMINA_REQUIRE_GGML_MATMUL=1`` does not say it must be (the tox ``tests`` env builds it first
+    ``LAMINA_REQUIRE_GGML_MATMUL=1`` does not say it must be (the tox ``ggml`` env builds it first
     and sets that, so there they fail instead)."""
     from lamina_jax.model import ggml
 
