@@ -103,7 +103,7 @@ class JaxExecutor:
         shapes served in another format."""
         if self.options.weights_dtype != "auto":
             fmt = self.options.weights_dtype
-            if fmt not in weight_formats.usable(params):
+            if not weight_formats.servable(params, fmt):
                 raise ValueError(f"weights_dtype = {fmt!r} cannot serve this model here: it needs the ggml kernel "
                                  f"on the CPU backend and matrices whose rows split into blocks of {ggml.BLOCK}")
             return cast(params, weight_formats.FORMATS[fmt][0]), configure(config, fmt), {}

@@ -51,16 +51,21 @@ ROUNDS = 5
 _P = TypeVar("_P", LlamaParams, LayerParams)
 
 
+def servable(params: LlamaParams, fmt: str) -> bool:
+    """Whether ``params`` can be served in ``fmt`` here: ``q4_1`` needs its kernel (loaded only when
+    asked about) and matrices whose rows split into its blocks."""
+    return fmt != "q4_1" or (ggml.available() and all(ggml.quantizable(w) for w in jax.tree.leaves(params)
+                                                        if w.ndim == 2))
+
+
 def usable(params: LlamaParams) -> tuple[str, ...]:
-    """The formats ``params`` can be served in here: ``q4_1`` needs its kernel and matrices whose rows
-    split into its blocks."""
-    blocks = ggml.available() and all(ggml.quantizable(w) for w in jax.tree.leaves(params) if w.ndim == 2)
-    return tuple(fmt for fmt in FORMATS if fmt != "q4_1" or blocks)
+    """The formats ``params`` can be served in here."""
+    return tuple(fmt for fmt in FORMATS if servable(params, fmt))
 
 
 def auto(params: LlamaParams) -> tuple[str, ...]:
     """The formats ``weights_dtype = "auto"`` times for ``params``."""
-    return tuple(fmt for fmt in usable(params) if fmt not in NOT_AUTO)
+    return tuple(fmt for fmt in FORMATS if fmt not in NOT_AUTO and servable(params, fmt))
 
 
 def cast(params: _P, dtype: str) -> _P:
