@@ -106,6 +106,8 @@ class Worker:
         """After a crash, until the new process is up: the old handle is not watched meanwhile."""
         self.ready = False
         self.draining = False
+        self.restarting = False
+        """Draining for a self-healing restart: it keeps its slot, so the autoscaler adds none."""
         self.stack: Mapping[str, Any] | None = None  # a canary's own worker stack; None: the pool's
 
     @property
@@ -150,7 +152,8 @@ class ReplicaSet:
 
     @property
     def starting(self) -> list[Worker]:
-        return [w for w in self.workers if not w.ready and not w.draining and not w.canary]
+        """Stable replicas on their way to serving, a restarting one's drain included."""
+        return [w for w in self.workers if not w.canary and (w.restarting or not (w.ready or w.draining))]
 
     @property
     def canary(self) -> Worker | None:
@@ -274,7 +277,7 @@ class ReplicaSet:
         starting.result()
 
     async def _retire(self, worker: Worker, reason: str, *, restart: bool = False) -> None:
-        worker.draining = True
+        worker.draining, worker.restarting = True, restart
         if worker.executor is not None:
             worker.executor.draining = True
         self.actions["restart" if restart else "drain", reason] += 1
@@ -286,7 +289,7 @@ class ReplicaSet:
         if worker.handle is not None:
             await asyncio.to_thread(worker.handle.stop)
         if restart:
-            worker.draining = worker.ready = False
+            worker.draining = worker.ready = worker.restarting = False
             await self._bring_up(worker, on_failure="retry")
             return
         if worker.executor is not None:

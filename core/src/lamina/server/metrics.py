@@ -141,7 +141,7 @@ class _PoolStats(Collector):
         if replicas is None or pool is None:
             return
         states = GaugeMetricFamily("lamina_replicas", "Worker replicas by state.", labels=["state"])
-        draining = sum(w.draining for w in replicas.workers)
+        draining = sum(w.draining and not w.restarting for w in replicas.workers)  # restarting: "starting"
         for state, count in (("serving", len(replicas.serving)), ("starting", len(replicas.starting)),
                              ("draining", draining)):
             states.add_metric([state], count)
