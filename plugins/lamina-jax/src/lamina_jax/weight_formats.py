@@ -5,18 +5,22 @@ A format is the dtype the weights are held in and the dtype their products compu
 weights converted to float32 inside the product); ``int8`` (`Int8Weight`: int8 with row and column
 scales, converted to float32 inside the product, which reads a quarter of float32's bytes in a
 one-row decode); ``q4_1`` (`GgmlWeight`: the decoder's matrices in ggml's Q4_1 blocks and the
-output head in Q8_0, the formats of the SmolLM2 GGUF, multiplied by ggml's own kernels; it
-needs the natively built kernel, see `lamina_jax.model.ggml`). Decode with a few rows is bound by memory
+output head in Q8_0, the formats of the SmolLM2 GGUF, multiplied by ggml's own kernels, which
+round the activations to 8 bits as llama.cpp does); ``q4_1-f32`` (the same blocks against float32
+activations, decoded inside the product: for a model whose matrices are such blocks, a GGUF's own,
+its products are float32's up to the order of the sums). Both need the natively built kernel, see
+`lamina_jax.model.ggml`. Decode with a few rows is bound by memory
 bandwidth, a big batch or a prompt chunk by the matrix kernels, and which format is fastest at
 which size differs from one CPU to the next (bf16 dots are native on CPUs with AVX-512 BF16,
-slow on others). With ``weights_dtype = "auto"`` the executor times one decoder layer's
+slow on others). With ``weights_dtype = "auto"`` the executor times a few decoder layers'
 projections in each of the `auto` formats at every row count it compiles and serves each shape
 in the fastest; a weight dtype is held only if some shape uses it. ``int8`` is left out of
 ``auto``: it passes the perplexity gate but changes far more greedy tokens than the bfloat16
 formats (``benchmarks/weights_dtype.py``), so it is served only when a stack file asks for it.
 So is ``q4_1``: its perplexity is within the gate (its weights are the GGUF's own; only the
 activations are rounded to 8 bits, as llama.cpp does) but about as few greedy continuations as
-int8's match float32's.
+int8's match float32's. ``auto`` times ``q4_1-f32`` only for a model whose matrices the blocks hold
+exactly (`exact_in_blocks`), so it changes no number.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ FORMATS: dict[str, tuple[str, str | None]] = {
     "bfloat16-f32": ("bfloat16", "float32"),
     "int8": ("int8", None),
     "q4_1": ("q4_1", None),
+    "q4_1-f32": ("q4_1", "float32"),
 }
 """Format name → (dtype the weights are held in, `LlamaConfig.matmul_dtype`)."""
 NOT_AUTO = ("int8", "q4_1")
@@ -52,10 +57,21 @@ _P = TypeVar("_P", LlamaParams, LayerParams)
 
 
 def servable(params: LlamaParams, fmt: str) -> bool:
-    """Whether ``params`` can be served in ``fmt`` here: ``q4_1`` needs its kernel (loaded only when
-    asked about) and matrices whose rows split into its blocks."""
-    return fmt != "q4_1" or (ggml.available() and all(ggml.quantizable(w) for w in jax.tree.leaves(params)
-                                                        if w.ndim == 2))
+    """Whether ``params`` can be served in ``fmt`` here: the ``q4_1`` formats need their kernel (loaded
+    only when asked about) and matrices whose rows split into its blocks."""
+    return FORMATS[fmt][0] != "q4_1" or (ggml.available() and all(ggml.quantizable(w) for w in _matrices(params)))
+
+
+def exact_in_blocks(params: LlamaParams) -> bool:
+    """Whether the ``q4_1`` formats' blocks hold ``params``' matrices exactly (`ggml.lossless`): a GGUF's
+    decoder matrices are Q4_1 and its output head Q8_0."""
+    head = params.embed if params.lm_head is None else params.lm_head
+    return (ggml.lossless(head, "q8_0")
+            and all(ggml.lossless(w, "q4_1") for layer in params.layers for w in _matrices(layer)))
+
+
+def _matrices(params: LlamaParams | LayerParams) -> list[jax.Array]:
+    return [w for w in jax.tree.leaves(params) if w.ndim == 2]
 
 
 def usable(params: LlamaParams) -> tuple[str, ...]:
@@ -64,8 +80,9 @@ def usable(params: LlamaParams) -> tuple[str, ...]:
 
 
 def auto(params: LlamaParams) -> tuple[str, ...]:
-    """The formats ``weights_dtype = "auto"`` times for ``params``."""
-    return tuple(fmt for fmt in FORMATS if fmt not in NOT_AUTO and servable(params, fmt))
+    """The formats ``weights_dtype = "auto"`` times for ``params``: ``q4_1-f32`` only where it is exact."""
+    return tuple(fmt for fmt in FORMATS if fmt not in NOT_AUTO and servable(params, fmt)
+                 and (fmt != "q4_1-f32" or exact_in_blocks(params)))
 
 
 def cast(params: _P, dtype: str) -> _P:
@@ -93,31 +110,40 @@ def _ggml_blocks(params: _P) -> _P:
                         lm_head=ggml.quantize(head, "q8_0"))
 
 
+MEASURED_LAYERS = 8
+"""Decoder layers timed together: more weights than the CPU's caches hold, as when serving, and the
+cost of a call spread over them (one layer at one row would time mostly the call)."""
+
+
 @functools.partial(jax.jit, static_argnames=("matmul_dtype",))
-def _projections(layer: LayerParams, x: jax.Array, matmul_dtype: str | None) -> jax.Array:
-    """The seven matrix products of a decoder layer on ``x [rows, dim]`` (their shapes, not the model)."""
-    q, k, v = (linear(x, w, matmul_dtype) for w in (layer.wq, layer.wk, layer.wv))
-    h = linear(q, layer.wo, matmul_dtype) + k.sum() + v.sum()
-    up = jax.nn.silu(linear(h, layer.w_gate, matmul_dtype)) * linear(h, layer.w_up, matmul_dtype)
-    return linear(up, layer.w_down, matmul_dtype)
+def _projections(layers: tuple[LayerParams, ...], x: jax.Array, matmul_dtype: str | None) -> jax.Array:
+    """The seven matrix products of each decoder layer on ``x [rows, dim]``, one layer after another
+    (their shapes, not the model)."""
+    for layer in layers:
+        q, k, v = (linear(x, w, matmul_dtype) for w in (layer.wq, layer.wk, layer.wv))
+        h = linear(q, layer.wo, matmul_dtype) + k.sum() + v.sum()
+        up = jax.nn.silu(linear(h, layer.w_gate, matmul_dtype)) * linear(h, layer.w_up, matmul_dtype)
+        x = linear(up, layer.w_down, matmul_dtype)
+    return x
 
 
-def _seconds(layer: LayerParams, rows: int, matmul_dtype: str | None) -> float:
+def _seconds(layers: tuple[LayerParams, ...], rows: int, matmul_dtype: str | None) -> float:
     """Median time of `_projections` on ``rows`` rows, after one untimed (compiling) call."""
-    x = jnp.asarray(np.random.default_rng(0).standard_normal((rows, layer.wq.shape[1]), np.float32))
-    _projections(layer, x, matmul_dtype).block_until_ready()
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((rows, layers[0].wq.shape[1]), np.float32))
+    _projections(layers, x, matmul_dtype).block_until_ready()
     times = []
     for _ in range(ROUNDS):
         started = time.perf_counter()
-        _projections(layer, x, matmul_dtype).block_until_ready()
+        _projections(layers, x, matmul_dtype).block_until_ready()
         times.append(time.perf_counter() - started)
     return float(np.median(times))
 
 
 def measure(params: LlamaParams, row_counts: Sequence[int],
             formats: Sequence[str]) -> dict[int, dict[str, float]]:
-    """Seconds per call of one layer's projections, by row count and format."""
-    layers = {FORMATS[fmt][0]: cast(params.layers[0], FORMATS[fmt][0]) for fmt in formats}
+    """Seconds per call of `MEASURED_LAYERS` layers' projections, by row count and format."""
+    layers = {FORMATS[fmt][0]: tuple(cast(layer, FORMATS[fmt][0]) for layer in params.layers[:MEASURED_LAYERS])
+              for fmt in formats}
     return {rows: {fmt: _seconds(layers[FORMATS[fmt][0]], rows, FORMATS[fmt][1]) for fmt in formats}
             for rows in row_counts}
 

@@ -2,9 +2,12 @@
 
 `GgmlWeight` keeps a matrix ``[out, in]`` as the blocks llama.cpp reads from a GGUF file (Q4_1:
 32 weights in 20 bytes; Q8_0: 32 in 34), and `matmul` computes ``x @ w.T`` with them through an
-XLA FFI custom call into ggml-cpu (``plugins/lamina-jax/csrc/ggml_matmul.cc``), so a one-row decode
-reads the compressed blocks rather than float32. XLA:CPU has no kernel that keeps 4-bit weights
-packed inside a product, and ggml's are the ones llama.cpp itself runs on the same file.
+XLA FFI custom call (``plugins/lamina-jax/csrc/ggml_matmul.cc``), so a one-row decode reads the
+compressed blocks rather than float32. XLA:CPU has no kernel that keeps 4-bit weights packed
+inside a product. By default the call runs ggml-cpu's kernels, the ones llama.cpp itself runs on
+the same file, which round the activations to 8 bits; with ``float32_activations`` it decodes the
+blocks in registers against unrounded activations instead, giving the products of the float32
+matrix the blocks hold (ggml has no such kernel).
 
 The kernel is a native library built once per machine by ``scripts/kernels/build_ggml_matmul.sh``
 (found by `lamina_jax.native.ggml_matmul_library`); without it `available` is False and the formats
@@ -27,7 +30,8 @@ TYPES = {"q4_1": 3, "q8_0": 8}
 """Block formats `quantize` accepts → ggml's ``enum ggml_type``."""
 BLOCK = 32
 """Weights per block in every format of `TYPES`: a matrix's ``in`` must be a multiple of it."""
-_TARGET = "lamina_ggml_matmul"
+_TARGETS = {False: "lamina_ggml_matmul", True: "lamina_ggml_matmul_f32"}
+"""Custom-call target by ``float32_activations``."""
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["blocks"], meta_fields=["kind", "columns"])
@@ -57,7 +61,10 @@ def _library() -> ctypes.CDLL | None:
     lib.lamina_ggml_quantize.restype = ctypes.c_size_t
     lib.lamina_ggml_quantize.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                                          ctypes.c_int64]
-    jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.LaminaGgmlMatmul), platform="cpu")
+    lib.lamina_ggml_dequantize.restype = None
+    lib.lamina_ggml_dequantize.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    for handler, target in ((lib.LaminaGgmlMatmul, _TARGETS[False]), (lib.LaminaGgmlMatmulF32, _TARGETS[True])):
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform="cpu")
     return lib
 
 
@@ -90,11 +97,29 @@ def quantize(w: jax.Array | np.ndarray, kind: str) -> GgmlWeight:
     return GgmlWeight(jnp.asarray(blocks), kind, rows.shape[1])
 
 
-def matmul(x: jax.Array, w: GgmlWeight) -> jax.Array:
-    """``x [..., in] @ w.T`` in float32: ggml quantizes the rows of ``x`` to its dot format (Q8_1 for
-    Q4_1, Q8_0 for Q8_0) and multiplies them with the blocks."""
+def dequantize(w: GgmlWeight) -> np.ndarray:
+    """The float32 matrix ``w``'s blocks hold, decoded by ggml (on the host)."""
+    lib = _require()
+    blocks = np.ascontiguousarray(np.asarray(w.blocks))
+    out = np.empty(w.shape, np.float32)
+    lib.lamina_ggml_dequantize(TYPES[w.kind], blocks.ctypes.data, out.ctypes.data, out.size)
+    return out
+
+
+def lossless(w: jax.Array | np.ndarray, kind: str) -> bool:
+    """Whether ``w`` is exactly a matrix of ``kind`` blocks (a GGUF's own, say), so that serving it
+    from them changes no weight."""
+    rows = np.asarray(w, np.float32)
+    return quantizable(rows) and np.array_equal(dequantize(quantize(rows, kind)), rows)
+
+
+def matmul(x: jax.Array, w: GgmlWeight, *, float32_activations: bool = False) -> jax.Array:
+    """``x [..., in] @ w.T`` in float32. ggml's kernel quantizes the rows of ``x`` to its dot format
+    (Q8_1 for Q4_1, Q8_0 for Q8_0) and multiplies them with the blocks; ``float32_activations``
+    (Q4_1 and Q8_0 only) multiplies the unrounded rows with the decoded blocks."""
     _require()
     rows = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
-    out = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((rows.shape[0], w.shape[0]), jnp.float32))(
+    target = _TARGETS[float32_activations]
+    out = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows.shape[0], w.shape[0]), jnp.float32))(
         rows, w.blocks, wtype=np.int64(TYPES[w.kind]))
     return out.reshape(*x.shape[:-1], w.shape[0])

@@ -215,9 +215,10 @@ def linear(x: jax.Array, w: Weight, matmul_dtype: str | None = None) -> jax.Arra
     the product instead (see `LlamaConfig.matmul_dtype`). An `Int8Weight` is converted to float32
     inside the product, its column scales applied to ``x`` before and its row scales after: XLA:CPU
     fuses that conversion (and no other producer) into a matrix-vector product, so a one-row decode
-    reads one byte per weight. A `GgmlWeight` goes to ggml's kernels (`ggml.matmul`)."""
+    reads one byte per weight. A `GgmlWeight` goes to the ggml matmul kernel (`ggml.matmul`), with
+    float32 activations when ``matmul_dtype="float32"``."""
     if isinstance(w, GgmlWeight):
-        return ggml.matmul(x, w)
+        return ggml.matmul(x, w, float32_activations=matmul_dtype == "float32")
     if isinstance(w, Int8Weight):
         return ((x * w.col) @ w.q.astype(jnp.float32).T) * w.row
     if w.dtype == x.dtype:
