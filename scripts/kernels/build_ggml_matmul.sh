@@ -46,7 +46,7 @@ jax_include=$(python3 -c "import jax; print(jax.ffi.include_dir())")
 echo "building $library" >&2
 mkdir -p "$dest"
 # -march=native as ggml was built; -fopenmp for ggml-cpu's own threads (unused by the kernel).
-g++ -O3 -march=native $flags -std=c++17 -shared -fPIC -fopenmp -I"$ggml/include" -isystem "$jax_include" \
+g++ -O3 -march=native $flags -std=c++17 -Wno-psabi -shared -fPIC -fopenmp -I"$ggml/include" -isystem "$jax_include" \
     "$source_file" -Wl,--whole-archive "$ggml/lib/libggml-cpu.a" -Wl,--no-whole-archive "$ggml/lib/libggml-base.a" \
     -o "$library.tmp"
 mv "$library.tmp" "$library"

@@ -88,15 +88,33 @@ ffi::Error Matmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w, ffi::ResultBu
 // Sixteen lanes of float32 and of bytes (GCC vector extensions: AVX-512 registers where the CPU
 // has them, pairs of AVX2 ones elsewhere).
 typedef float F32x16 __attribute__((vector_size(64)));
+typedef float F32x8 __attribute__((vector_size(32)));
 typedef uint8_t U8x16 __attribute__((vector_size(16)));
-typedef int8_t I8x16 __attribute__((vector_size(16)));
-typedef int32_t I32x16 __attribute__((vector_size(64)));
 
-// Through int32: GCC leaves a direct byte-to-float conversion in scalar code.
-template <typename V>
-F32x16 Floats(V bytes) {
-  return __builtin_convertvector(__builtin_convertvector(bytes, I32x16), F32x16);
+// Bytes to float32 lanes by intrinsics: GCC's vector conversions of bytes can come out as scalar code.
+#if defined(__AVX512F__)
+F32x16 Floats(U8x16 bytes) {
+  return reinterpret_cast<F32x16>(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(reinterpret_cast<__m128i>(bytes))));
 }
+F32x16 SignedFloats(U8x16 bytes) {
+  return reinterpret_cast<F32x16>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(reinterpret_cast<__m128i>(bytes))));
+}
+#else
+F32x16 Join(__m256 lo, __m256 hi) {
+  return __builtin_shufflevector(reinterpret_cast<F32x8>(lo), reinterpret_cast<F32x8>(hi), 0, 1, 2, 3, 4, 5, 6, 7, 8,
+                                 9, 10, 11, 12, 13, 14, 15);
+}
+F32x16 Floats(U8x16 bytes) {
+  const __m128i v = reinterpret_cast<__m128i>(bytes);
+  return Join(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)),
+              _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))));
+}
+F32x16 SignedFloats(U8x16 bytes) {
+  const __m128i v = reinterpret_cast<__m128i>(bytes);
+  return Join(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
+              _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))));
+}
+#endif
 
 template <typename V>
 V Load(const void *p) {
@@ -105,50 +123,75 @@ V Load(const void *p) {
   return v;
 }
 
+U8x16 Bytes(const uint8_t *p) {  // one 16-byte load: memcpy into U8x16 can end up as byte-wise loads
+  return reinterpret_cast<U8x16>(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+}
+
 float Half(const uint8_t *p) {
   uint16_t h;
   std::memcpy(&h, p, sizeof h);
   return _cvtsh_ss(h);
 }
 
-float Sum(F32x16 v) {
-  float s = 0;
-  for (int i = 0; i < 16; ++i) s += v[i];
-  return s;
+float Sum(F32x16 v) {  // a tree, not a chain of 15 dependent additions
+  const F32x8 h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  float s[8];
+  std::memcpy(s, &h, sizeof s);
+  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
 }
 
 constexpr int kRowGroup = 4;  // rows of x against each decoded block: weights are decoded once per group
 
-// out[r] = x[r] . (row of blocks), for R rows of x; xsum[r][b] = the sum of x[r]'s block b (Q4_1).
-template <int R>
-void DotQ4_1(const uint8_t *w, int64_t blocks, const float *const *x, const float *const *xsum, float *const *out) {
-  F32x16 acc[R] = {};
-  float offsets[R] = {};
-  for (int64_t b = 0; b < blocks; ++b, w += 20) {
-    const float d = Half(w), m = Half(w + 2);
-    const U8x16 q = Load<U8x16>(w + 4);
-    const F32x16 lo = Floats<U8x16>(q & 0x0F), hi = Floats<U8x16>(q >> 4);
-    for (int r = 0; r < R; ++r) {
-      const float *xb = x[r] + b * 32;
-      acc[r] += d * (lo * Load<F32x16>(xb) + hi * Load<F32x16>(xb + 16));
-      offsets[r] += m * xsum[r][b];
-    }
+// Q4_1 block: d, m (fp16), then 16 bytes of nibbles, weights 0-15 low and 16-31 high; w = d*q + m.
+struct Q4_1 {
+  static constexpr int kBytes = 20;
+  static constexpr bool kOffset = true;
+  static void Decode(const uint8_t *w, float &d, float &m, F32x16 &lo, F32x16 &hi) {
+    d = Half(w), m = Half(w + 2);
+    const U8x16 q = Bytes(w + 4);
+    lo = Floats(q & 0x0F), hi = Floats(q >> 4);
   }
-  for (int r = 0; r < R; ++r) *out[r] = Sum(acc[r]) + offsets[r];
+};
+
+// Q8_0 block: d (fp16), then 32 signed bytes; w = d*q.
+struct Q8_0 {
+  static constexpr int kBytes = 34;
+  static constexpr bool kOffset = false;
+  static void Decode(const uint8_t *w, float &d, float &m, F32x16 &lo, F32x16 &hi) {
+    d = Half(w), m = 0;
+    lo = SignedFloats(Bytes(w + 2)), hi = SignedFloats(Bytes(w + 18));
+  }
+};
+
+// Adds block b of a weight row to the R accumulators: d * q . x, and m * sum(x) where the block
+// has an offset (xsum[r][b]: the sum of x[r]'s block b).
+template <typename Block, int R>
+inline void Accumulate(const uint8_t *w, int64_t b, const float *const *x, const float *const *xsum,
+                       F32x16 *acc, float *offsets) {
+  float d, m;
+  F32x16 lo, hi;
+  Block::Decode(w, d, m, lo, hi);
+  for (int r = 0; r < R; ++r) {
+    const float *xb = x[r] + b * 32;
+    acc[r] += d * (lo * Load<F32x16>(xb) + hi * Load<F32x16>(xb + 16));
+    if constexpr (Block::kOffset) offsets[r] += m * xsum[r][b];
+  }
 }
 
-template <int R>
-void DotQ8_0(const uint8_t *w, int64_t blocks, const float *const *x, const float *const *, float *const *out) {
-  F32x16 acc[R] = {};
-  for (int64_t b = 0; b < blocks; ++b, w += 34) {
-    const float d = Half(w);
-    const F32x16 lo = Floats(Load<I8x16>(w + 2)), hi = Floats(Load<I8x16>(w + 18));
-    for (int r = 0; r < R; ++r) {
-      const float *xb = x[r] + b * 32;
-      acc[r] += d * (lo * Load<F32x16>(xb) + hi * Load<F32x16>(xb + 16));
-    }
+// out[r] = x[r] . (a row of blocks), for R rows of x. Even and odd blocks go to separate
+// accumulators, so that no chain of dependent additions sets the pace.
+template <typename Block, int R>
+void Dot(const uint8_t *w, int64_t blocks, const float *const *x, const float *const *xsum, float *const *out) {
+  F32x16 even[R] = {}, odd[R] = {};
+  float even_offsets[R] = {}, odd_offsets[R] = {};
+  int64_t b = 0;
+  for (; b + 1 < blocks; b += 2) {
+    Accumulate<Block, R>(w + b * Block::kBytes, b, x, xsum, even, even_offsets);
+    Accumulate<Block, R>(w + (b + 1) * Block::kBytes, b + 1, x, xsum, odd, odd_offsets);
   }
-  for (int r = 0; r < R; ++r) *out[r] = Sum(acc[r]);
+  if (b < blocks) Accumulate<Block, R>(w + b * Block::kBytes, b, x, xsum, even, even_offsets);
+  for (int r = 0; r < R; ++r) *out[r] = Sum(even[r] + odd[r]) + (even_offsets[r] + odd_offsets[r]);
 }
 
 using DotFn = void (*)(const uint8_t *, int64_t, const float *const *, const float *const *, float *const *);
@@ -191,11 +234,11 @@ ffi::Error MatmulF32(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w, ffi::Resul
   const size_t w_row = ggml_row_size(type, x.dimensions()[1]);
   const int64_t n = y->dimensions()[1];
   if (type == GGML_TYPE_Q4_1)
-    return MatmulF32With<DotQ4_1<1>, DotQ4_1<2>, DotQ4_1<3>, DotQ4_1<4>>(x, w.typed_data(), w_row, y->typed_data(),
-                                                                       n, true, pool);
+    return MatmulF32With<Dot<Q4_1, 1>, Dot<Q4_1, 2>, Dot<Q4_1, 3>, Dot<Q4_1, 4>>(x, w.typed_data(), w_row,
+                                                                               y->typed_data(), n, true, pool);
   if (type == GGML_TYPE_Q8_0)
-    return MatmulF32With<DotQ8_0<1>, DotQ8_0<2>, DotQ8_0<3>, DotQ8_0<4>>(x, w.typed_data(), w_row, y->typed_data(),
-                                                                       n, false, pool);
+    return MatmulF32With<Dot<Q8_0, 1>, Dot<Q8_0, 2>, Dot<Q8_0, 3>, Dot<Q8_0, 4>>(x, w.typed_data(), w_row,
+                                                                               y->typed_data(), n, false, pool);
   return ffi::Error::InvalidArgument("float32 products handle Q4_1 and Q8_0 blocks only");
 }
 

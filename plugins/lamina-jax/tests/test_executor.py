@@ -234,7 +234,8 @@ def test_a_missing_model_file_is_a_config_error() -> None:
         JaxOptions(model="/no/such.gguf")
 
 
-@pytest.mark.parametrize("fmt", ["bfloat16", "int8", pytest.param("q4_1", marks=pytest.mark.skipif(ggml_matmul_absent(), reason="no ggml kernel"))])
+@pytest.mark.parametrize("fmt", ["bfloat16", "int8", *(pytest.param(f, marks=pytest.mark.skipif(
+    ggml_matmul_absent(), reason="no ggml kernel")) for f in ("q4_1", "q4_1-f32"))])
 def test_low_precision_weights_serve_the_same_greedy_start(tiny_gguf: Path, fmt: str) -> None:
     """Weights held in bfloat16, int8 or ggml's Q4_1 blocks (chosen in the stack file) run the same
     code path; on this tiny model the first greedy tokens agree with float32."""
@@ -247,7 +248,7 @@ def test_low_precision_weights_serve_the_same_greedy_start(tiny_gguf: Path, fmt:
         executor = await started(tiny_gguf, weights_dtype=dtype)
         try:
             params = executor.engine.runner.params
-            if dtype == "q4_1":  # the matrices in Q4_1 blocks, the output head in Q8_0, the embedding gathered
+            if dtype.startswith("q4_1"):  # the matrices in Q4_1 blocks, the output head in Q8_0, the embedding gathered
                 assert {w.kind for w in (params.layers[0].wq, params.layers[1].w_down)} == {"q4_1"}
                 assert isinstance(params.lm_head, GgmlWeight) and params.lm_head.kind == "q8_0"
                 assert params.embed.dtype == jnp.float32

@@ -1,4 +1,4 @@
-"""The ggml matmul kernel (`lamina_jax.model.ggml`) and the ``q4_1`` weight format built on it.
+"""The ggml matmul kernel (`lamina_jax.model.ggml`) and the ``q4_1`` weight formats built on it.
 
 The kernel is native code built per machine by ``scripts/kernels/build_ggml_matmul.sh``; these
 tests skip where it is not built, except where ``LAMINA_REQUIRE_GGML_MATMUL=1`` says it must be
@@ -7,6 +7,7 @@ tests skip where it is not built, except where ``LAMINA_REQUIRE_GGML_MATMUL=1`` 
 
 from __future__ import annotations
 
+import attrs
 import gguf
 import jax
 import jax.numpy as jnp
@@ -51,3 +52,46 @@ def test_products_match_the_dequantized_matrix(kind: str) -> None:
 def test_rows_that_do_not_split_into_blocks_are_refused() -> None:
     with pytest.raises(ValueError, match="multiple of 32"):
         ggml.quantize(np.ones((4, 48), np.float32), "q4_1")
+
+
+@built
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
+def test_float32_activations_give_the_products_of_the_matrix_the_blocks_hold(kind: str) -> None:
+    """Unrounded activations: the products equal float64 ones with the decoded matrix to float32
+    rounding, for every size of row group and an odd number of blocks per row (96 weights)."""
+    rng = np.random.default_rng(1)
+    w = ggml.quantize(rng.standard_normal((70, 96)).astype(np.float32), kind)
+    decoded = _dequantized(w).astype(np.float64)
+    product = jax.jit(lambda a: ggml.matmul(a, w, float32_activations=True))
+    for rows in (1, 2, 3, 4, 5, 9):
+        x = rng.standard_normal((rows, 96)).astype(np.float32)
+        want = x @ decoded.T
+        error = np.abs(np.asarray(product(jnp.asarray(x))) - want).max() / np.abs(want).max()
+        rounded = np.abs(np.asarray(ggml.matmul(jnp.asarray(x), w)) - want).max() / np.abs(want).max()
+        assert error < 1e-6 < rounded, (rows, error, rounded)
+
+
+@built
+def test_only_matrices_of_block_values_are_lossless() -> None:
+    rng = np.random.default_rng(2)
+    w = ggml.quantize(rng.standard_normal((8, 64)).astype(np.float32), "q4_1")
+    np.testing.assert_array_equal(ggml.dequantize(w), _dequantized(w))
+    assert ggml.lossless(_dequantized(w), "q4_1")
+    assert not ggml.lossless(rng.standard_normal((8, 64)).astype(np.float32), "q4_1")
+    assert not ggml.lossless(np.ones((8, 48), np.float32), "q4_1"), "rows that do not split into blocks"
+
+
+@built
+def test_auto_times_q4_1_f32_only_for_weights_held_exactly_in_blocks() -> None:
+    """A GGUF's Q4_1 matrices and Q8_0 head are served exactly by ``q4_1-f32``, so ``auto`` may pick
+    it; random float32 weights are not, so it is left out."""
+    from lamina_jax import weight_formats
+    from lamina_jax.testing import random_weights, tiny_config, to_params
+
+    params = to_params(random_weights(tiny_config(), seed=0))
+    assert "q4_1-f32" not in weight_formats.auto(params) and "q4_1-f32" in weight_formats.usable(params)
+    in_blocks = weight_formats.cast(params, "q4_1")
+    exact = jax.tree.map(lambda w: jnp.asarray(ggml.dequantize(w)) if isinstance(w, ggml.GgmlWeight) else w,
+                         in_blocks, is_leaf=lambda w: isinstance(w, ggml.GgmlWeight))
+    exact = attrs.evolve(exact, embed=exact.lm_head, lm_head=None)  # tied, as in the SmolLM2 GGUF
+    assert weight_formats.exact_in_blocks(exact) and "q4_1-f32" in weight_formats.auto(exact)

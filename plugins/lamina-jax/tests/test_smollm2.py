@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from lamina_jax.model.llama import decode, init_cache, prefill
+from lamina_jax.testing import ggml_matmul_absent
 from lamina_jax.tokenizer import GGUFTokenizer, IncrementalDetokenizer
 from lamina_jax.weights.gguf import GGUFModel, load_gguf, smollm2_path
 
@@ -96,9 +97,13 @@ def test_chat_prompt_uses_control_tokens(tokenizer: GGUFTokenizer) -> None:
     assert tokenizer.decode(ids) == text
 
 
-def test_default_executor_reproduces_the_reference_concurrently() -> None:
+@pytest.mark.parametrize("weights_dtype", ["auto", pytest.param("q4_1-f32", marks=pytest.mark.skipif(
+    ggml_matmul_absent(), reason="the ggml matmul kernel is not built here"))])
+def test_default_executor_reproduces_the_reference_concurrently(weights_dtype: str) -> None:
     """The default stack's executor (built-in model, default options) serving all reference prompts
-    at once, with a small prefill chunk so prefill and decode interleave: greedy tokens equal."""
+    at once, with a small prefill chunk so prefill and decode interleave: greedy tokens equal. So
+    does every shape in ``q4_1-f32``, the GGUF's own blocks against float32 activations, which
+    ``auto`` may choose where the ggml kernel is built."""
     import asyncio
 
     from lamina_hookspecs.types import Request, SamplingParams
@@ -107,7 +112,7 @@ def test_default_executor_reproduces_the_reference_concurrently() -> None:
     from lamina_jax.options import JaxOptions
 
     async def go() -> list[list[int]]:
-        executor = JaxExecutor(JaxOptions(prefill_chunk=16, kv_cache_mb=64))
+        executor = JaxExecutor(JaxOptions(prefill_chunk=16, kv_cache_mb=64, weights_dtype=weights_dtype))
         await executor.start()
         sampling = SamplingParams(max_tokens=len(PROMPTS[0]["greedy_token_ids"]), temperature=0.0, ignore_eos=True)
 
