@@ -99,6 +99,11 @@ F32x16 Floats(U8x16 bytes) {
 F32x16 SignedFloats(U8x16 bytes) {
   return reinterpret_cast<F32x16>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(reinterpret_cast<__m128i>(bytes))));
 }
+void Nibbles(U8x16 bytes, F32x16 &lo, F32x16 &hi) {  // widened once, split as int32
+  const __m512i q = _mm512_cvtepu8_epi32(reinterpret_cast<__m128i>(bytes));
+  lo = reinterpret_cast<F32x16>(_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0x0F))));
+  hi = reinterpret_cast<F32x16>(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)));
+}
 #else
 F32x16 Join(__m256 lo, __m256 hi) {
   return __builtin_shufflevector(reinterpret_cast<F32x8>(lo), reinterpret_cast<F32x8>(hi), 0, 1, 2, 3, 4, 5, 6, 7, 8,
@@ -114,6 +119,7 @@ F32x16 SignedFloats(U8x16 bytes) {
   return Join(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
               _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))));
 }
+void Nibbles(U8x16 bytes, F32x16 &lo, F32x16 &hi) { lo = Floats(bytes & 0x0F), hi = Floats(bytes >> 4); }
 #endif
 
 template <typename V>
@@ -133,6 +139,13 @@ float Half(const uint8_t *p) {
   return _cvtsh_ss(h);
 }
 
+void Halves(const uint8_t *p, float &a, float &b) {  // two fp16 values, in one conversion
+  int32_t pair;
+  std::memcpy(&pair, p, sizeof pair);
+  const __m128 both = _mm_cvtph_ps(_mm_cvtsi32_si128(pair));
+  a = _mm_cvtss_f32(both), b = _mm_cvtss_f32(_mm_movehdup_ps(both));
+}
+
 float Sum(F32x16 v) {  // a tree, not a chain of 15 dependent additions
   const F32x8 h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
                   __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -148,9 +161,8 @@ struct Q4_1 {
   static constexpr int kBytes = 20;
   static constexpr bool kOffset = true;
   static void Decode(const uint8_t *w, float &d, float &m, F32x16 &lo, F32x16 &hi) {
-    d = Half(w), m = Half(w + 2);
-    const U8x16 q = Bytes(w + 4);
-    lo = Floats(q & 0x0F), hi = Floats(q >> 4);
+    Halves(w, d, m);
+    Nibbles(Bytes(w + 4), lo, hi);
   }
 };
 
