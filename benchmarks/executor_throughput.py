@@ -237,6 +237,7 @@ async def run(args: argparse.Namespace) -> dict:
     held = {id(leaf): leaf for p in (runner.params, *(p for p, _ in runner.shape_weights.values()))
             for leaf in jax.tree.leaves(p)}
     weight_bytes = sum(leaf.nbytes for leaf in held.values())
+    formats = {f"{kind} {size}": weight_formats.name(*runner.weights_for(kind, size)) for kind, size in runner.shapes()}
     batch1_params, _ = runner.weights_for("decode", 1)  # what a batch-1 step reads
     batch1_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(batch1_params))
     kv_bytes_per_token = sum(a.nbytes for a in jax.tree.leaves(runner.cache)) // (runner.num_blocks * runner.block_size)
@@ -284,6 +285,7 @@ async def run(args: argparse.Namespace) -> dict:
         "jax": jx,
         "memory": {"peak_rss_bytes": peak_rss, "kv_cache_bytes_per_token": kv_bytes_per_token,
                    "weights_bytes": weight_bytes},
+        "formats": formats,
         "bandwidth": {"copy_bytes_per_s": bandwidth, "batch1_bound_tok_s": bandwidth / batch1_bytes,
                       "mbu_batch1": batch1 * batch1_bytes / bandwidth},
     }
@@ -370,6 +372,7 @@ def print_report(r: dict) -> None:
              if measured and ll["peak_rss_bytes_largest_process"] else "")
           + f" · KV cache {mem['kv_cache_bytes_per_token']} bytes/token · weights "
             f"{mem['weights_bytes'] / 1e6:.0f} MB as held")
+    print("weight format by shape: " + ", ".join(f"{shape} {fmt}" for shape, fmt in r["formats"].items()))
     print(f"copy bandwidth {bw['copy_bytes_per_s'] / 1e9:.1f} GB/s read + written ({bw['copy_bytes_per_s'] / 2e9:.1f} "
           f"GB/s counting the array once) → batch-1 bound "
           f"{bw['batch1_bound_tok_s']:.1f} tok/s; MBU {bw['mbu_batch1']:.0%}"

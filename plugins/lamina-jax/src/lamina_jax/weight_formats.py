@@ -37,7 +37,7 @@ import numpy as np
 
 from lamina_jax.model import ggml
 from lamina_jax.model.config import LlamaConfig
-from lamina_jax.model.llama import LayerParams, LlamaParams, linear, quantize_int8
+from lamina_jax.model.llama import Int8Weight, LayerParams, LlamaParams, linear, quantize_int8
 
 FORMATS: dict[str, tuple[str, str | None]] = {
     "float32": ("float32", None),
@@ -94,6 +94,13 @@ def cast(params: _P, dtype: str) -> _P:
     if dtype == "int8":
         return jax.tree.map(lambda a: quantize_int8(a) if a.ndim == 2 else a, params)
     return jax.tree.map(lambda a: a.astype(dtype), params)
+
+
+def name(params: LlamaParams, config: LlamaConfig) -> str:
+    """The format ``params`` (held by `cast`) and ``config`` (by `configure`) serve in."""
+    head = params.lm_head if params.lm_head is not None else params.embed
+    held = "q4_1" if isinstance(head, ggml.GgmlWeight) else "int8" if isinstance(head, Int8Weight) else str(head.dtype)
+    return next(fmt for fmt, pair in FORMATS.items() if pair == (held, config.matmul_dtype))
 
 
 def configure(config: LlamaConfig, fmt: str) -> LlamaConfig:
