@@ -205,6 +205,26 @@ def test_batched_decode_equals_single_decode_and_table_buckets_agree(params: Lla
         np.testing.assert_allclose(batched_cache.v[layer], single_cache.v[layer], atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("rows", [8, 6])
+def test_decode_in_attention_segments_equals_single_decode(params: LlamaParams, rows: int) -> None:
+    """Rows of very different lengths, in no order, in segments of ``DECODE_SEGMENT_ROWS`` rows (8)
+    or of fewer (6 is no multiple of 4): each row's logits are its own."""
+    lengths = [3, 11, 6, 1, 9, 2, 7, 5][:rows]
+    prompts = [random_tokens(40 + i, n) for i, n in enumerate(lengths)]
+    blocks = [[3 * i, 3 * i + 1, 3 * i + 2] for i in range(rows)]
+    cache = stale_cache()
+    for prompt, owned in zip(prompts, blocks, strict=True):
+        cache = prefill(params, cache, padded(prompt, 16), len(prompt), table(owned, 4), 0, config=CONFIG)[1]
+    next_tokens = jnp.asarray(random_tokens(99, rows), jnp.int32)
+    positions = jnp.asarray(lengths, jnp.int32)
+    tables = jnp.stack([table(owned, 4) for owned in blocks])
+    batched, cache = decode(params, cache, next_tokens, tables, positions, config=CONFIG)  # rewritten alike below
+    for row in range(rows):
+        one = slice(row, row + 1)
+        logits, cache = decode(params, cache, next_tokens[one], tables[one], positions[one], config=CONFIG)
+        np.testing.assert_allclose(logits[0], batched[row], atol=1e-5, rtol=0)
+
+
 def test_cache_buffers_are_donated_and_updated_in_place(params: LlamaParams) -> None:
     cache = init_cache(CONFIG, num_blocks=NUM_BLOCKS, block_size=BLOCK)
     pointer = cache.k[1].unsafe_buffer_pointer()

@@ -210,16 +210,23 @@ class ModelRunner:
         return [row if work.last else None for row, work in zip(self._rows(result, len(works)), works, strict=True)]
 
     def decode(self, seqs: Seq[Sequence]) -> list[SampledRow]:
-        """One token for each sequence (its last token is the input)."""
+        """One token for each sequence (its last token is the input). The rows go in order of
+        context length, so that each attention segment (`llama.DECODE_SEGMENT_ROWS`) loops only about
+        as far as each of its rows needs; sampling follows the sequence, not the row."""
         rows = bucket(len(seqs))
+        order = sorted(range(len(seqs)), key=lambda i: seqs[i].num_computed)
         tokens = np.zeros(rows, np.int32)
         positions = np.full(rows, -1, np.int32)
         tables = np.zeros((rows, self.table_width), np.int32)
-        for i, seq in enumerate(seqs):
-            tokens[i], positions[i] = seq.tokens[-1], seq.num_computed
-            tables[i, : len(seq.blocks)] = seq.blocks
-        result = self._decode_call(tokens, tables, positions, [*seqs, *[None] * (rows - len(seqs))])
-        return self._rows(result, len(seqs))
+        for row, i in enumerate(order):
+            seq = seqs[i]
+            tokens[row], positions[row] = seq.tokens[-1], seq.num_computed
+            tables[row, : len(seq.blocks)] = seq.blocks
+        padding = [None] * (rows - len(seqs))
+        sampled = self._rows(self._decode_call(tokens, tables, positions, [*(seqs[i] for i in order), *padding]),
+                             len(seqs))
+        row_of = {i: row for row, i in enumerate(order)}
+        return [sampled[row_of[i]] for i in range(len(seqs))]
 
     @staticmethod
     def _rows(result: SampleResult, count: int) -> list[SampledRow]:

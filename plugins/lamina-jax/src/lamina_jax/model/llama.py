@@ -319,9 +319,11 @@ def _paged_attention(q: jax.Array, pools: _Pools, tables: jax.Array, num_chunks:
     return out.reshape(groups, length, n_heads * head_dim)
 
 
-DECODE_SEGMENT_ROWS = 1
-"""Rows per segment of decode attention (see `_paged_attention`): each row loops over its own
-context only. (On 2 CPU cores, ShareGPT at 16 streams: 1 row beat 2, 4 and 8 per segment.)"""
+DECODE_SEGMENT_ROWS = 4
+"""Rows per segment of decode attention (see `_paged_attention`): each segment loops as far as its
+longest row, so the runner orders rows by length (`ModelRunner.decode`). Fewer segments, fewer
+loops to compile: at 32 rows, 4 per segment compiled in 10 s against 1 per segment's 45 and
+decoded as fast or faster (benchmarks/README.md)."""
 
 
 def _chunked(table: jax.Array) -> jax.Array:
@@ -493,8 +495,8 @@ def decode(
     :param block_tables: ``[B, n]`` each sequence's blocks, padded; ``n * block_size > max(positions)``.
         Attention reads only the blocks in use, so ``n`` may be the most any sequence can need.
     :param positions: ``[B]`` position of each token (its sequence's length so far); a padding row
-        uses ``-1`` and writes nothing. Each segment of ``DECODE_SEGMENT_ROWS`` rows reads only as
-        far as its own longest.
+        uses ``-1`` and writes nothing. Each segment of ``DECODE_SEGMENT_ROWS`` rows (fewer where
+        ``B`` is no multiple of it) reads only as far as its own longest.
     :return: logits ``[B, vocab]`` and the updated cache (the input cache is donated).
     """
     size = cache.block_size
@@ -502,7 +504,7 @@ def decode(
     write_blocks = jnp.where(positions >= 0, block_tables[rows, jnp.maximum(positions, 0) // size], cache.num_blocks)
     offsets = jnp.maximum(positions, 0) % size
     tables = _chunked(block_tables)
-    segments = max(tokens.shape[0] // DECODE_SEGMENT_ROWS, 1)
+    segments = tokens.shape[0] // math.gcd(tokens.shape[0], DECODE_SEGMENT_ROWS)  # equal segments
     num_chunks = _chunks_for(jnp.max(positions.reshape(segments, -1), axis=1) + 1, size)
 
     def key_mask(i: jax.Array) -> jax.Array:
