@@ -50,7 +50,7 @@ FORMATS: dict[str, tuple[str, str | None]] = {
 """Format name → (dtype the weights are held in, `LlamaConfig.matmul_dtype`)."""
 NOT_AUTO = ("int8", "q4_1")
 """Formats ``weights_dtype = "auto"`` never chooses."""
-ROUNDS = 5
+ROUNDS = 7
 
 
 _P = TypeVar("_P", LlamaParams, LayerParams)
@@ -118,41 +118,47 @@ def _ggml_blocks(params: _P) -> _P:
 
 
 MEASURED_LAYERS = 8
-"""Decoder layers timed together: more weights than the CPU's caches hold, as when serving, and the
-cost of a call spread over them (one layer at one row would time mostly the call)."""
+"""Decoder layers timed together, with the output head: more weights than the CPU's caches hold,
+as when serving, and the cost of a call spread over them (one layer at one row would time mostly
+the call)."""
 
 
 @functools.partial(jax.jit, static_argnames=("matmul_dtype",))
-def _projections(layers: tuple[LayerParams, ...], x: jax.Array, matmul_dtype: str | None) -> jax.Array:
-    """The seven matrix products of each decoder layer on ``x [rows, dim]``, one layer after another
-    (their shapes, not the model)."""
-    for layer in layers:
+def _products(params: LlamaParams, x: jax.Array, matmul_dtype: str | None) -> jax.Array:
+    """The seven matrix products of each decoder layer on ``x [rows, dim]``, one layer after another,
+    then the output head's (their shapes, not the model)."""
+    for layer in params.layers:
         q, k, v = (linear(x, w, matmul_dtype) for w in (layer.wq, layer.wk, layer.wv))
         h = linear(q, layer.wo, matmul_dtype) + k.sum() + v.sum()
         up = jax.nn.silu(linear(h, layer.w_gate, matmul_dtype)) * linear(h, layer.w_up, matmul_dtype)
         x = linear(up, layer.w_down, matmul_dtype)
-    return x
-
-
-def _seconds(layers: tuple[LayerParams, ...], rows: int, matmul_dtype: str | None) -> float:
-    """Median time of `_projections` on ``rows`` rows, after one untimed (compiling) call."""
-    x = jnp.asarray(np.random.default_rng(0).standard_normal((rows, layers[0].wq.shape[1]), np.float32))
-    _projections(layers, x, matmul_dtype).block_until_ready()
-    times = []
-    for _ in range(ROUNDS):
-        started = time.perf_counter()
-        _projections(layers, x, matmul_dtype).block_until_ready()
-        times.append(time.perf_counter() - started)
-    return float(np.median(times))
+    return linear(x, params.embed if params.lm_head is None else params.lm_head, matmul_dtype)
 
 
 def measure(params: LlamaParams, row_counts: Sequence[int],
             formats: Sequence[str]) -> dict[int, dict[str, float]]:
-    """Seconds per call of `MEASURED_LAYERS` layers' projections, by row count and format."""
-    layers = {FORMATS[fmt][0]: tuple(cast(layer, FORMATS[fmt][0]) for layer in params.layers[:MEASURED_LAYERS])
-              for fmt in formats}
-    return {rows: {fmt: _seconds(layers[FORMATS[fmt][0]], rows, FORMATS[fmt][1]) for fmt in formats}
-            for rows in row_counts}
+    """Median seconds of `_products` over `MEASURED_LAYERS` layers and the head, by row count and
+    format. Each format is called once untimed (it compiles), then the formats take turns, round
+    after round, so that a drift of the machine's speed meets all of them alike."""
+    part = attrs.evolve(params, layers=params.layers[:MEASURED_LAYERS])
+    held = {FORMATS[fmt][0]: cast(part, FORMATS[fmt][0]) for fmt in formats}
+    timings: dict[int, dict[str, float]] = {}
+    for rows in row_counts:
+        x = jnp.asarray(np.random.default_rng(0).standard_normal((rows, params.embed.shape[1]), np.float32))
+
+        def call(fmt: str) -> None:
+            _products(held[FORMATS[fmt][0]], x, FORMATS[fmt][1]).block_until_ready()
+
+        times: dict[str, list[float]] = {fmt: [] for fmt in formats}
+        for fmt in formats:
+            call(fmt)
+        for _ in range(ROUNDS):
+            for fmt in formats:
+                started = time.perf_counter()
+                call(fmt)
+                times[fmt].append(time.perf_counter() - started)
+        timings[rows] = {fmt: float(np.median(t)) for fmt, t in times.items()}
+    return timings
 
 
 def fastest(timings: dict[int, dict[str, float]]) -> dict[int, str]:
