@@ -206,13 +206,12 @@ void Dot(const uint8_t *w, int64_t blocks, const float *const *x, const float *c
   for (int r = 0; r < R; ++r) *out[r] = Sum(even[r] + odd[r]) + (even_offsets[r] + odd_offsets[r]);
 }
 
-using DotFn = void (*)(const uint8_t *, int64_t, const float *const *, const float *const *, float *const *);
-
-template <DotFn F1, DotFn F2, DotFn F3, DotFn F4>
+template <typename Block>
 ffi::Error MatmulF32With(const ffi::Buffer<ffi::F32> &x, const uint8_t *ws, size_t w_row, float *out, int64_t n,
-                         bool sums, ffi::ThreadPool &pool) {
+                         ffi::ThreadPool &pool) {
   const int64_t rows = x.dimensions()[0], k = x.dimensions()[1], blocks = k / 32;
   const float *xs = x.typed_data();
+  constexpr bool sums = Block::kOffset;
   std::vector<float> xsum(sums ? rows * blocks : 0);
   for (int64_t r = 0; sums && r < rows; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
@@ -220,7 +219,8 @@ ffi::Error MatmulF32With(const ffi::Buffer<ffi::F32> &x, const uint8_t *ws, size
       for (int i = 0; i < 32; ++i) s += xs[r * k + b * 32 + i];
       xsum[r * blocks + b] = s;
     }
-  constexpr DotFn kDots[kRowGroup] = {F1, F2, F3, F4};
+  using DotFn = void (*)(const uint8_t *, int64_t, const float *const *, const float *const *, float *const *);
+  constexpr DotFn kDots[kRowGroup] = {Dot<Block, 1>, Dot<Block, 2>, Dot<Block, 3>, Dot<Block, 4>};
   InSlices(n, pool, [&](int64_t lo, int64_t hi) {
     for (int64_t r0 = 0; r0 < rows; r0 += kRowGroup) {
       const int group = static_cast<int>(std::min<int64_t>(kRowGroup, rows - r0));
@@ -245,12 +245,8 @@ ffi::Error MatmulF32(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w, ffi::Resul
   if (ffi::Error error = CheckShapes(type, x, w, y->dimensions()[1]); error.failure()) return error;
   const size_t w_row = ggml_row_size(type, x.dimensions()[1]);
   const int64_t n = y->dimensions()[1];
-  if (type == GGML_TYPE_Q4_1)
-    return MatmulF32With<Dot<Q4_1, 1>, Dot<Q4_1, 2>, Dot<Q4_1, 3>, Dot<Q4_1, 4>>(x, w.typed_data(), w_row,
-                                                                               y->typed_data(), n, true, pool);
-  if (type == GGML_TYPE_Q8_0)
-    return MatmulF32With<Dot<Q8_0, 1>, Dot<Q8_0, 2>, Dot<Q8_0, 3>, Dot<Q8_0, 4>>(x, w.typed_data(), w_row,
-                                                                               y->typed_data(), n, false, pool);
+  if (type == GGML_TYPE_Q4_1) return MatmulF32With<Q4_1>(x, w.typed_data(), w_row, y->typed_data(), n, pool);
+  if (type == GGML_TYPE_Q8_0) return MatmulF32With<Q8_0>(x, w.typed_data(), w_row, y->typed_data(), n, pool);
   return ffi::Error::InvalidArgument("float32 products handle Q4_1 and Q8_0 blocks only");
 }
 
