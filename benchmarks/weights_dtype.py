@@ -3,7 +3,7 @@
 
 For each weight format of ``lamina_jax.weight_formats`` usable here (float32; bfloat16 with native
 bf16 dots accumulating in float32; bfloat16 weights computed in float32; int8 with row and column
-scales; q4_1, ggml's blocks and kernels, where ``scripts/kernels/build_ggml_matmul.sh`` built them),
+scales; q4_1, ggml's blocks and kernels, where ``scripts/kernels/build_cpu_kernels.sh`` built them),
 with a float32 KV cache, through
 the model functions of ``lamina_jax`` (the helpers of ``kv_dtype.py``):
 

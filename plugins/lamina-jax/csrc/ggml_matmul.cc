@@ -15,17 +15,15 @@
 // Built by scripts/kernels/build_ggml_matmul.sh against a native build of ggml; loaded by
 // lamina_jax.model.ggml.
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <memory>
-#include <thread>
 #include <vector>
 
 #include <immintrin.h>
 
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "slices.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -35,27 +33,6 @@ namespace {
 const bool kInitialized = (ggml_cpu_init(), true);  // ggml-cpu's fp16 tables, before any vec_dot
 
 constexpr int64_t kSlice = 64;  // output rows per unit of work
-
-// Runs work(lo, hi) over slices of [0, n), claimed from a shared counter by this thread and by
-// helpers on XLA's intra-op pool. This thread works until none is left and then waits only for
-// slices already claimed, so the call completes even if no helper ever runs; the counters are
-// shared with the helpers so that one starting late finds nothing to do.
-template <typename Work>
-void InSlices(int64_t n, ffi::ThreadPool &pool, const Work &work) {
-  struct Counters {
-    std::atomic<int64_t> next{0}, done{0};
-  };
-  const int64_t slices = (n + kSlice - 1) / kSlice;
-  auto counters = std::make_shared<Counters>();
-  auto run = [=, &work](Counters &c) {
-    for (int64_t i; (i = c.next.fetch_add(1)) < slices; c.done.fetch_add(1, std::memory_order_release))
-      work(i * kSlice, std::min(n, (i + 1) * kSlice));
-  };
-  for (int64_t t = 1; t < std::min<int64_t>(pool.num_threads(), slices); ++t)
-    pool.Schedule([counters, run] { run(*counters); });
-  run(*counters);
-  while (counters->done.load(std::memory_order_acquire) < slices) std::this_thread::yield();
-}
 
 ffi::Error CheckShapes(ggml_type type, const ffi::Buffer<ffi::F32> &x, const ffi::Buffer<ffi::U8> &w, int64_t n) {
   const int64_t k = x.dimensions()[1];
@@ -77,7 +54,7 @@ ffi::Error Matmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w, ffi::ResultBu
     ggml_get_type_traits_cpu(traits->vec_dot_type)->from_float(x.typed_data() + b * k, xq.data() + b * x_row, k);
   const uint8_t *ws = w.typed_data();
   float *out = y->typed_data();
-  InSlices(n, pool, [&](int64_t lo, int64_t hi) {
+  lamina::InSlices(n, kSlice, pool, [&](int64_t lo, int64_t hi) {
     for (int64_t b = 0; b < rows; ++b)
       for (int64_t j = lo; j < hi; ++j)
         traits->vec_dot(k, out + b * n + j, 0, ws + j * w_row, 0, xq.data() + b * x_row, 0, 1);
@@ -221,7 +198,7 @@ ffi::Error MatmulF32With(const ffi::Buffer<ffi::F32> &x, const uint8_t *ws, size
     }
   using DotFn = void (*)(const uint8_t *, int64_t, const float *const *, const float *const *, float *const *);
   constexpr DotFn kDots[kRowGroup] = {Dot<Block, 1>, Dot<Block, 2>, Dot<Block, 3>, Dot<Block, 4>};
-  InSlices(n, pool, [&](int64_t lo, int64_t hi) {
+  lamina::InSlices(n, kSlice, pool, [&](int64_t lo, int64_t hi) {
     for (int64_t r0 = 0; r0 < rows; r0 += kRowGroup) {
       const int group = static_cast<int>(std::min<int64_t>(kRowGroup, rows - r0));
       const float *x_rows[kRowGroup], *sum_rows[kRowGroup];

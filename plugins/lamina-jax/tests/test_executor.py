@@ -19,7 +19,7 @@ from lamina_jax.executor import JaxExecutor
 from lamina_jax.model.llama import forward
 from lamina_jax.options import JaxOptions
 from lamina_jax.weights.gguf import load_gguf
-from lamina_jax.testing import ggml_matmul_absent
+from lamina_jax.testing import cpu_kernels_absent
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -235,7 +235,7 @@ def test_a_missing_model_file_is_a_config_error() -> None:
 
 
 @pytest.mark.parametrize("fmt", ["bfloat16", "int8", *(pytest.param(f, marks=pytest.mark.skipif(
-    ggml_matmul_absent(), reason="no ggml kernel")) for f in ("q4_1", "q4_1-f32"))])
+    cpu_kernels_absent(), reason="no ggml kernel")) for f in ("q4_1", "q4_1-f32"))])
 def test_low_precision_weights_serve_the_same_greedy_start(tiny_gguf: Path, fmt: str) -> None:
     """Weights held in bfloat16, int8 or ggml's Q4_1 blocks (chosen in the stack file) run the same
     code path; on this tiny model the first greedy tokens agree with float32."""

@@ -1,7 +1,7 @@
 """The ggml matmul kernel (`lamina_jax.model.ggml`) and the ``q4_1`` weight formats built on it.
 
-The kernel is native code built per machine by ``scripts/kernels/build_ggml_matmul.sh``; these
-tests skip where it is not built, except where ``LAMINA_REQUIRE_GGML_MATMUL=1`` says it must be
+The kernel is native code built per machine by ``scripts/kernels/build_cpu_kernels.sh``; these
+tests skip where it is not built, except where ``LAMINA_REQUIRE_CPU_KERNELS=1`` says it must be
 (the tox ``ggml`` env builds it first and sets that).
 """
 
@@ -14,15 +14,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lamina_jax.model import ggml
-from lamina_jax.testing import ggml_matmul_absent
+from lamina_jax.model import cpu_kernels, ggml
+from lamina_jax.testing import cpu_kernels_absent
 
-built = pytest.mark.skipif(ggml_matmul_absent(), reason="the ggml matmul kernel is not built here")
+built = pytest.mark.skipif(cpu_kernels_absent(), reason="the ggml matmul kernel is not built here")
 
 
 @built
 def test_the_kernel_is_built_where_it_is_required() -> None:
-    assert ggml.available(), "LAMINA_REQUIRE_GGML_MATMUL=1 but the kernel is not built for this machine"
+    assert cpu_kernels.available(), "LAMINA_REQUIRE_CPU_KERNELS=1 but the kernels are not built for this machine"
 
 
 def _dequantized(w: ggml.GgmlWeight) -> np.ndarray:

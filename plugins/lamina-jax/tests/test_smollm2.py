@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lamina_jax.model.llama import decode, init_cache, prefill
-from lamina_jax.testing import ggml_matmul_absent
+from lamina_jax.testing import cpu_kernels_absent
 from lamina_jax.tokenizer import GGUFTokenizer, IncrementalDetokenizer
 from lamina_jax.weights.gguf import GGUFModel, load_gguf, smollm2_path
 
@@ -98,7 +98,7 @@ def test_chat_prompt_uses_control_tokens(tokenizer: GGUFTokenizer) -> None:
 
 
 @pytest.mark.parametrize("weights_dtype", ["auto", pytest.param("q4_1-f32", marks=pytest.mark.skipif(
-    ggml_matmul_absent(), reason="the ggml matmul kernel is not built here"))])
+    cpu_kernels_absent(), reason="the ggml matmul kernel is not built here"))])
 def test_default_executor_reproduces_the_reference_concurrently(weights_dtype: str) -> None:
     """The default stack's executor (built-in model, default options) serving all reference prompts
     at once, with a small prefill chunk so prefill and decode interleave: greedy tokens equal. So

@@ -54,18 +54,18 @@ def cpu_key(model: str | None = None) -> str:
     return re.sub(r"[^A-Za-z0-9.-]", "_", model if model is not None else cpu_model())
 
 
-GGML_MATMUL_BUILD_HINT = "build it with `uv run bash scripts/kernels/build_ggml_matmul.sh` (about 2 minutes)"
+CPU_KERNELS_BUILD_HINT = "build it with `uv run bash scripts/kernels/build_cpu_kernels.sh` (about 2 minutes)"
 
 
-def ggml_matmul_library() -> Path | None:
-    """The ggml matmul kernel (`lamina_jax.model.ggml`): ``$LAMINA_GGML_MATMUL``, else the newest one
+def cpu_kernels_library() -> Path | None:
+    """The CPU kernels (`lamina_jax.model.cpu_kernels`): ``$LAMINA_CPU_KERNELS``, else the newest library
     built for this CPU under ``${LAMINA_KERNELS_CACHE:-~/.cache/lamina/kernels}``; None if neither is
     a file."""
-    override = os.environ.get("LAMINA_GGML_MATMUL")
+    override = os.environ.get("LAMINA_CPU_KERNELS")
     if override:
         path = Path(override).expanduser()
         return path if path.is_file() else None
     root = Path(os.environ.get("LAMINA_KERNELS_CACHE", Path.home() / ".cache" / "lamina" / "kernels"))
     built = [lib for pattern in (cpu_key(), f"{cpu_key()}-noamx")  # -noamx: see scripts/llama_cpp_sdist.sh
-             for lib in root.glob(f"ggml-matmul-*-{pattern}/liblamina_ggml_matmul.so")]
+             for lib in root.glob(f"cpu-kernels-*-{pattern}/liblamina_cpu_kernels.so")]
     return max(built, key=lambda p: p.stat().st_mtime) if built else None

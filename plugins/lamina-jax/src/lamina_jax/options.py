@@ -7,7 +7,7 @@ from typing import Literal
 
 import attrs
 
-from lamina_jax.native import GGML_MATMUL_BUILD_HINT, ggml_matmul_library
+from lamina_jax.native import CPU_KERNELS_BUILD_HINT, cpu_kernels_library
 
 BUILTIN_MODEL = "smollm2-135m-instruct"
 
@@ -18,9 +18,9 @@ def _model_exists(instance: object, attribute: attrs.Attribute[str], value: str)
 
 
 def _kernel_built(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if value.startswith("q4_1") and ggml_matmul_library() is None:
+    if value.startswith("q4_1") and cpu_kernels_library() is None:
         raise ValueError(f"{value!r} needs the ggml matmul kernel, which is not built for this machine: "
-                         f"{GGML_MATMUL_BUILD_HINT}")
+                         f"{CPU_KERNELS_BUILD_HINT}")
 
 
 @attrs.frozen(kw_only=True)
@@ -37,7 +37,7 @@ class JaxOptions:
             "help": "weight format: float32; bfloat16 (native bf16 dots, fast where the CPU has them); bfloat16-f32 "
                     "(bfloat16 weights computed in float32); int8 (a scale per output row, computed in float32); "
                     "q4_1 (ggml's Q4_1 blocks and kernels, as llama.cpp reads the GGUF; needs the kernel built by "
-                    "scripts/kernels/build_ggml_matmul.sh); q4_1-f32 (the same blocks against float32 activations: the products "
+                    "scripts/kernels/build_cpu_kernels.sh); q4_1-f32 (the same blocks against float32 activations: the products "
                     "of the float32 matrices they hold; same kernel); "
                     "'auto' times them on this machine at start-up and serves each batch size in the fastest"})
     kv_dtype: Literal["float32", "bfloat16", "int8", "fp8"] = attrs.field(default="float32", metadata={

@@ -240,10 +240,10 @@ def write_tiny_gguf(path: Path, *, seed: int = 7) -> Path:
     return path
 
 
-def ggml_matmul_absent() -> bool:
-    """Whether tests of the ggml matmul kernel should skip: it is not built here and
-    ``LAMINA_REQUIRE_GGML_MATMUL=1`` does not say it must be (the tox ``ggml`` env builds it first
-    and sets that, so there they fail instead)."""
-    from lamina_jax.model import ggml
+def cpu_kernels_absent() -> bool:
+    """Whether tests of the CPU kernels should skip: they are not built here and
+    ``LAMINA_REQUIRE_CPU_KERNELS=1`` does not say they must be (the tox ``ggml`` env builds them
+    first and sets that, so there they fail instead)."""
+    from lamina_jax.model import cpu_kernels
 
-    return os.environ.get("LAMINA_REQUIRE_GGML_MATMUL") != "1" and not ggml.available()
+    return os.environ.get("LAMINA_REQUIRE_CPU_KERNELS") != "1" and not cpu_kernels.available()

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lamina_jax.model import ggml
+from lamina_jax.model import cpu_kernels, ggml
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import Int8Weight, LayerParams, LlamaParams, linear, quantize_int8
 
@@ -59,7 +59,7 @@ _P = TypeVar("_P", LlamaParams, LayerParams)
 def servable(params: LlamaParams, fmt: str) -> bool:
     """Whether ``params`` can be served in ``fmt`` here: the ``q4_1`` formats need their kernel (loaded
     only when asked about) and matrices whose rows split into its blocks."""
-    return FORMATS[fmt][0] != "q4_1" or (ggml.available() and all(ggml.quantizable(w) for w in _matrices(params)))
+    return FORMATS[fmt][0] != "q4_1" or (cpu_kernels.available() and all(ggml.quantizable(w) for w in _matrices(params)))
 
 
 def exact_in_blocks(params: LlamaParams) -> bool:

@@ -9,9 +9,8 @@ the same file, which round the activations to 8 bits; with ``float32_activations
 blocks in registers against unrounded activations instead, giving the products of the float32
 matrix the blocks hold (ggml has no such kernel).
 
-The kernel is a native library built once per machine by ``scripts/kernels/build_ggml_matmul.sh``
-(found by `lamina_jax.native.ggml_matmul_library`); without it `available` is False and the formats
-that need it are not offered.
+The kernel is one of the native CPU kernels (`lamina_jax.model.cpu_kernels`); without them
+`available` is False and the formats that need it are not offered.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lamina_jax.native import GGML_MATMUL_BUILD_HINT, ggml_matmul_library
+from lamina_jax.model import cpu_kernels
 
 TYPES = {"q4_1": 3, "q8_0": 8}
 """Block formats `quantize` accepts → ggml's ``enum ggml_type``."""
@@ -50,12 +49,9 @@ class GgmlWeight:
 
 
 @functools.cache
-def _library() -> ctypes.CDLL | None:
-    """The kernel, loaded and registered with XLA; None when it is not built."""
-    path = ggml_matmul_library()
-    if path is None:
-        return None
-    lib = ctypes.CDLL(str(path))
+def _library() -> ctypes.CDLL:
+    """The kernels' library with the host-side helpers' signatures declared."""
+    lib = cpu_kernels.require()
     lib.lamina_ggml_row_size.restype = ctypes.c_size_t
     lib.lamina_ggml_row_size.argtypes = [ctypes.c_int64, ctypes.c_int64]
     lib.lamina_ggml_quantize.restype = ctypes.c_size_t
@@ -63,20 +59,6 @@ def _library() -> ctypes.CDLL | None:
                                          ctypes.c_int64]
     lib.lamina_ggml_dequantize.restype = None
     lib.lamina_ggml_dequantize.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    for handler, target in ((lib.LaminaGgmlMatmul, _TARGETS[False]), (lib.LaminaGgmlMatmulF32, _TARGETS[True])):
-        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform="cpu")
-    return lib
-
-
-def available() -> bool:
-    """Whether the kernel is built for this machine (and the backend is the CPU it runs on)."""
-    return jax.default_backend() == "cpu" and _library() is not None
-
-
-def _require() -> ctypes.CDLL:
-    lib = _library()
-    if lib is None:
-        raise RuntimeError(f"the ggml matmul kernel is not built for this machine: {GGML_MATMUL_BUILD_HINT}")
     return lib
 
 
@@ -88,7 +70,7 @@ def quantizable(w: jax.Array | np.ndarray) -> bool:
 def quantize(w: jax.Array | np.ndarray, kind: str) -> GgmlWeight:
     """``w [out, in]`` in ggml's ``kind`` blocks, by ggml's own quantizer (on the host). A matrix that
     came from blocks of the same kind gets those blocks back."""
-    lib = _require()
+    lib = _library()
     rows = np.ascontiguousarray(np.asarray(w, np.float32))
     if not quantizable(rows):
         raise ValueError(f"a {kind} matrix needs rows of a multiple of {BLOCK} weights, not {rows.shape}")
@@ -99,7 +81,7 @@ def quantize(w: jax.Array | np.ndarray, kind: str) -> GgmlWeight:
 
 def dequantize(w: GgmlWeight) -> np.ndarray:
     """The float32 matrix ``w``'s blocks hold, decoded by ggml (on the host)."""
-    lib = _require()
+    lib = _library()
     blocks = np.ascontiguousarray(np.asarray(w.blocks))
     out = np.empty(w.shape, np.float32)
     lib.lamina_ggml_dequantize(TYPES[w.kind], blocks.ctypes.data, out.ctypes.data, out.size)
@@ -117,7 +99,7 @@ def matmul(x: jax.Array, w: GgmlWeight, *, float32_activations: bool = False) ->
     """``x [..., in] @ w.T`` in float32. ggml's kernel quantizes the rows of ``x`` to its dot format
     (Q8_1 for Q4_1, Q8_0 for Q8_0) and multiplies them with the blocks; ``float32_activations``
     (Q4_1 and Q8_0 only) multiplies the unrounded rows with the decoded blocks."""
-    _require()
+    cpu_kernels.require()
     rows = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
     target = _TARGETS[float32_activations]
     out = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows.shape[0], w.shape[0]), jnp.float32))(

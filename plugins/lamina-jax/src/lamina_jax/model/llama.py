@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lamina_jax.model import ggml
+from lamina_jax.model import attention_kernel, ggml
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.ggml import GgmlWeight
 
@@ -495,8 +495,9 @@ def decode(
     :param block_tables: ``[B, n]`` each sequence's blocks, padded; ``n * block_size > max(positions)``.
         Attention reads only the blocks in use, so ``n`` may be the most any sequence can need.
     :param positions: ``[B]`` position of each token (its sequence's length so far); a padding row
-        uses ``-1`` and writes nothing. Each segment of ``DECODE_SEGMENT_ROWS`` rows (fewer where
-        ``B`` is no multiple of it) reads only as far as its own longest.
+        uses ``-1`` and writes nothing. Attention runs in the native kernel where it is built and
+        reads the pools' dtype (`attention_kernel`); otherwise each segment of ``DECODE_SEGMENT_ROWS``
+        rows (fewer where ``B`` is no multiple of it) reads only as far as its own longest.
     :return: logits ``[B, vocab]`` and the updated cache (the input cache is donated).
     """
     size = cache.block_size
@@ -510,6 +511,13 @@ def decode(
     def key_mask(i: jax.Array) -> jax.Array:
         return (_chunk_positions(i, size)[None, :] <= positions[:, None])[:, None]
 
+    def attend(q: jax.Array, layer_pools: _Pools) -> jax.Array:
+        if attention_kernel.usable(config.n_heads, layer_pools[0]):
+            out = attention_kernel.decode_attention(q[:, 0], layer_pools[0], layer_pools[1], block_tables,
+                                                    positions + 1)
+            return out.reshape(q.shape[0], 1, -1)
+        return _paged_attention(q, layer_pools, tables, num_chunks, key_mask)
+
     x = _embed(params.embed, tokens)[:, None]
     pools = []
     for i, layer in enumerate(params.layers):
@@ -517,6 +525,6 @@ def decode(
         k_pool, k_scale = _write(cache.k[i], _scale(cache.k_scale, i), k[:, 0], write_blocks, offsets)
         v_pool, v_scale = _write(cache.v[i], _scale(cache.v_scale, i), v[:, 0], write_blocks, offsets)
         layer_pools = (k_pool, v_pool, k_scale, v_scale)
-        x = _finish_block(layer, x, _paged_attention(q, layer_pools, tables, num_chunks, key_mask), config)
+        x = _finish_block(layer, x, attend(q, layer_pools), config)
         pools.append(layer_pools)
     return _logits(params, x[:, 0], config), _rebuild(pools)
