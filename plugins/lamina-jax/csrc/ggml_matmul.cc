@@ -62,73 +62,70 @@ ffi::Error Matmul(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w, ffi::ResultBu
   return ffi::Error::Success();
 }
 
-// Sixteen lanes of float32 and of bytes (GCC vector extensions: AVX-512 registers where the CPU
-// has them, pairs of AVX2 ones elsewhere).
-typedef float F32x16 __attribute__((vector_size(64)));
-typedef float F32x8 __attribute__((vector_size(32)));
-typedef uint8_t U8x16 __attribute__((vector_size(16)));
-
-// Bytes to float32 lanes by intrinsics: GCC's vector conversions of bytes can come out as scalar code.
+// The CPU's own vector of float32 (GCC vector extensions): 16 lanes with AVX-512, 8 with AVX2. A
+// block of 32 weights is kParts such vectors.
 #if defined(__AVX512F__)
-F32x16 Floats(U8x16 bytes) {
-  return reinterpret_cast<F32x16>(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(reinterpret_cast<__m128i>(bytes))));
-}
-F32x16 SignedFloats(U8x16 bytes) {
-  return reinterpret_cast<F32x16>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(reinterpret_cast<__m128i>(bytes))));
-}
-void Nibbles(U8x16 bytes, F32x16 &lo, F32x16 &hi) {  // widened once, split as int32
-  const __m512i q = _mm512_cvtepu8_epi32(reinterpret_cast<__m128i>(bytes));
-  lo = reinterpret_cast<F32x16>(_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0x0F))));
-  hi = reinterpret_cast<F32x16>(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)));
-}
+constexpr int kLanes = 16;
 #else
-F32x16 Join(__m256 lo, __m256 hi) {
-  return __builtin_shufflevector(reinterpret_cast<F32x8>(lo), reinterpret_cast<F32x8>(hi), 0, 1, 2, 3, 4, 5, 6, 7, 8,
-                                 9, 10, 11, 12, 13, 14, 15);
-}
-F32x16 Floats(U8x16 bytes) {
-  const __m128i v = reinterpret_cast<__m128i>(bytes);
-  return Join(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)),
-              _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))));
-}
-F32x16 SignedFloats(U8x16 bytes) {
-  const __m128i v = reinterpret_cast<__m128i>(bytes);
-  return Join(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
-              _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))));
-}
-void Nibbles(U8x16 bytes, F32x16 &lo, F32x16 &hi) { lo = Floats(bytes & 0x0F), hi = Floats(bytes >> 4); }
+constexpr int kLanes = 8;
 #endif
+constexpr int kParts = 32 / kLanes;
+typedef float Vec __attribute__((vector_size(kLanes * 4)));
+
+#define INLINE inline __attribute__((always_inline))
 
 template <typename V>
-V Load(const void *p) {
+INLINE V Load(const void *p) {
   V v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 
-U8x16 Bytes(const uint8_t *p) {  // one 16-byte load: memcpy into U8x16 can end up as byte-wise loads
-  return reinterpret_cast<U8x16>(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
-}
+INLINE __m128i Bytes(const uint8_t *p) { return _mm_loadu_si128(reinterpret_cast<const __m128i *>(p)); }
 
-float Half(const uint8_t *p) {
+// Bytes to float32 lanes by intrinsics: GCC's vector conversions of bytes can come out as scalar code.
+#if defined(__AVX512F__)
+INLINE Vec Floats(__m512i q) { return reinterpret_cast<Vec>(_mm512_cvtepi32_ps(q)); }
+// 16 nibbles pairs: the low nibbles of bytes 0-15, then their high nibbles.
+INLINE void Nibbles(__m128i bytes, Vec *q) {
+  const __m512i wide = _mm512_cvtepu8_epi32(bytes);
+  q[0] = Floats(_mm512_and_si512(wide, _mm512_set1_epi32(0x0F))), q[1] = Floats(_mm512_srli_epi32(wide, 4));
+}
+INLINE void SignedBytes(const uint8_t *p, Vec *q) {
+  q[0] = Floats(_mm512_cvtepi8_epi32(Bytes(p))), q[1] = Floats(_mm512_cvtepi8_epi32(Bytes(p + 16)));
+}
+#else
+INLINE Vec Floats(__m256i q) { return reinterpret_cast<Vec>(_mm256_cvtepi32_ps(q)); }
+INLINE void Nibbles(__m128i bytes, Vec *q) {
+  const __m256i a = _mm256_cvtepu8_epi32(bytes), b = _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8));
+  const __m256i low = _mm256_set1_epi32(0x0F);
+  q[0] = Floats(_mm256_and_si256(a, low)), q[1] = Floats(_mm256_and_si256(b, low));
+  q[2] = Floats(_mm256_srli_epi32(a, 4)), q[3] = Floats(_mm256_srli_epi32(b, 4));
+}
+INLINE void SignedBytes(const uint8_t *p, Vec *q) {
+  for (int i = 0; i < 4; ++i) q[i] = Floats(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p + 8 * i))));
+}
+#endif
+
+INLINE float Half(const uint8_t *p) {
   uint16_t h;
   std::memcpy(&h, p, sizeof h);
   return _cvtsh_ss(h);
 }
 
-void Halves(const uint8_t *p, float &a, float &b) {  // two fp16 values, in one conversion
+INLINE void Halves(const uint8_t *p, float &a, float &b) {  // two fp16 values, in one conversion
   int32_t pair;
   std::memcpy(&pair, p, sizeof pair);
   const __m128 both = _mm_cvtph_ps(_mm_cvtsi32_si128(pair));
   a = _mm_cvtss_f32(both), b = _mm_cvtss_f32(_mm_movehdup_ps(both));
 }
 
-float Sum(F32x16 v) {  // a tree, not a chain of 15 dependent additions
-  const F32x8 h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  float s[8];
-  std::memcpy(s, &h, sizeof s);
-  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+INLINE float Sum(Vec v) {  // a tree, not a chain of dependent additions
+  float s[kLanes];
+  std::memcpy(s, &v, sizeof s);
+  for (int width = kLanes / 2; width > 0; width /= 2)
+    for (int i = 0; i < width; ++i) s[i] += s[i + width];
+  return s[0];
 }
 
 constexpr int kRowGroup = 4;  // rows of x against each decoded block: weights are decoded once per group
@@ -137,9 +134,9 @@ constexpr int kRowGroup = 4;  // rows of x against each decoded block: weights a
 struct Q4_1 {
   static constexpr int kBytes = 20;
   static constexpr bool kOffset = true;
-  static void Decode(const uint8_t *w, float &d, float &m, F32x16 &lo, F32x16 &hi) {
+  static INLINE void Decode(const uint8_t *w, float &d, float &m, Vec *q) {
     Halves(w, d, m);
-    Nibbles(Bytes(w + 4), lo, hi);
+    Nibbles(Bytes(w + 4), q);
   }
 };
 
@@ -147,23 +144,25 @@ struct Q4_1 {
 struct Q8_0 {
   static constexpr int kBytes = 34;
   static constexpr bool kOffset = false;
-  static void Decode(const uint8_t *w, float &d, float &m, F32x16 &lo, F32x16 &hi) {
+  static INLINE void Decode(const uint8_t *w, float &d, float &m, Vec *q) {
     d = Half(w), m = 0;
-    lo = SignedFloats(Bytes(w + 2)), hi = SignedFloats(Bytes(w + 18));
+    SignedBytes(w + 2, q);
   }
 };
 
 // Adds block b of a weight row to the R accumulators: d * q . x, and m * sum(x) where the block
 // has an offset (xsum[r][b]: the sum of x[r]'s block b).
 template <typename Block, int R>
-inline void Accumulate(const uint8_t *w, int64_t b, const float *const *x, const float *const *xsum,
-                       F32x16 *acc, float *offsets) {
+INLINE void Accumulate(const uint8_t *w, int64_t b, const float *const *x, const float *const *xsum, Vec *acc,
+                       float *offsets) {
   float d, m;
-  F32x16 lo, hi;
-  Block::Decode(w, d, m, lo, hi);
+  Vec q[kParts];
+  Block::Decode(w, d, m, q);
   for (int r = 0; r < R; ++r) {
     const float *xb = x[r] + b * 32;
-    acc[r] += d * (lo * Load<F32x16>(xb) + hi * Load<F32x16>(xb + 16));
+    Vec t = q[0] * Load<Vec>(xb);
+    for (int p = 1; p < kParts; ++p) t += q[p] * Load<Vec>(xb + p * kLanes);
+    acc[r] += d * t;
     if constexpr (Block::kOffset) offsets[r] += m * xsum[r][b];
   }
 }
@@ -172,7 +171,7 @@ inline void Accumulate(const uint8_t *w, int64_t b, const float *const *x, const
 // accumulators, so that no chain of dependent additions sets the pace.
 template <typename Block, int R>
 void Dot(const uint8_t *w, int64_t blocks, const float *const *x, const float *const *xsum, float *const *out) {
-  F32x16 even[R] = {}, odd[R] = {};
+  Vec even[R] = {}, odd[R] = {};
   float even_offsets[R] = {}, odd_offsets[R] = {};
   int64_t b = 0;
   for (; b + 1 < blocks; b += 2) {
