@@ -183,7 +183,9 @@ class ModelInfo:
 @attrs.frozen(kw_only=True)
 class BackendState:
     """A live snapshot of one backend (replica), as routers and autoscalers see it;
-    ``tokens_per_s`` is its recent generation rate (a moving average over seconds)."""
+    ``tokens_per_s`` is its recent generation rate (a moving average over seconds),
+    ``preemptions`` how many times since it started a running request was preempted for memory
+    (to be recomputed later)."""
 
     name: str
     model: str
@@ -197,6 +199,7 @@ class BackendState:
     recent_latency_s: float | None = None
     tokens_per_s: float = 0.0
     circuit_open: bool = False
+    preemptions: int = 0
 
     @property
     def available(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from lamina_hookspecs.types import ChatMessage, Request, SamplingParams, TokenCh
 from lamina_jax.executor import JaxExecutor
 from lamina_jax.model.llama import forward
 from lamina_jax.options import JaxOptions
+from lamina_jax.rates import EventRate
 from lamina_jax.weights.gguf import load_gguf
 from lamina_jax.testing import cpu_kernels_absent
 
@@ -197,6 +199,49 @@ def test_bad_requests_get_clear_errors(tiny_gguf: Path) -> None:
         await first.aclose()
         await waiting
         await second.aclose()
+        await executor.stop()
+
+    run(go)
+
+
+def test_a_request_that_waits_past_max_queue_wait_s_fails_and_an_overloaded_queue_refuses_at_once(
+        tiny_gguf: Path) -> None:
+    """One batch slot, held by a long request: a second one waits past ``max_queue_wait_s`` and gets
+    503 ``queue_timeout`` (holding no KV block, nothing left queued); once requests have started
+    at a known rate, a queue that means a longer wait than the bound refuses a new one at once."""
+    async def go() -> None:
+        executor = await started(tiny_gguf, max_batch=1, max_model_len=256, max_queue_wait_s=0.3)
+        model = executor.model.id
+        decode = executor.engine.runner.decode
+
+        def slow_decode(*args: Any) -> Any:  # a model slow enough that the first request outlasts the bound
+            time.sleep(0.02)
+            return decode(*args)
+
+        executor.engine.runner.decode = slow_decode
+        first = executor.generate(Request(id="a", model=model, prompt="a", sampling=SamplingParams(
+            max_tokens=250, **GREEDY)))
+        await first.__anext__()
+        blocks = executor.state().kv_blocks_used
+        loop = asyncio.get_running_loop()
+        submitted = loop.time()
+        with pytest.raises(ServiceUnavailableError) as failed:
+            await collect(executor, Request(id="b", model=model, prompt="b", sampling=SamplingParams(max_tokens=5)))
+        waited = loop.time() - submitted
+        assert failed.value.code == "queue_timeout" and failed.value.retry_after == 0.3
+        assert 0.3 <= waited < 2.0, waited
+        state = executor.state()
+        assert state.queue_depth == 0 and executor.engine.queue_timeouts == 1
+        assert state.kv_blocks_used <= blocks + 1  # the running request's growth only
+        # starts at 0.5 a second and 3 requests queued: a new one would wait about 6 s
+        executor.engine.starts = EventRate(1e6)
+        executor.engine.starts.add(time.monotonic(), 0.5e6)
+        executor.engine._submitted += 3
+        with pytest.raises(ServiceUnavailableError, match="overloaded") as refused:
+            executor.generate(Request(id="c", model=model, prompt="c"))
+        assert refused.value.code == "overloaded" and 5 < refused.value.retry_after < 7
+        executor.engine._submitted -= 3
+        await first.aclose()
         await executor.stop()
 
     run(go)

@@ -38,6 +38,8 @@ from lamina.stack import ROUTE_TREE_KEY, Stack
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                    40.0, 80.0)
+ABORTING_CODES = frozenset({"queue_timeout"})
+"""Error codes of requests that were accepted and then given up on, counted as aborts by that reason."""
 
 
 class _BackendGauges(Collector):
@@ -61,6 +63,8 @@ class _BackendGauges(Collector):
         yield GaugeMetricFamily("vllm:gpu_cache_usage_perc", "KV-cache usage (older vLLM name).", value=usage)
         yield GaugeMetricFamily("lamina_kv_cache_blocks_used", "KV-cache blocks in use.", value=used)
         yield GaugeMetricFamily("lamina_kv_cache_blocks_total", "KV-cache blocks in all.", value=total)
+        yield CounterMetricFamily("lamina_num_preemptions", "Running requests preempted for KV memory (recomputed "
+                                  "later), since the backends started.", value=sum(s.preemptions for s in states))
         yield from self._per_backend(named)
 
     def _per_backend(self, named: dict[str, BackendState]) -> Iterator[GaugeMetricFamily]:
@@ -180,7 +184,8 @@ class Metrics:
             "lamina_e2e_request_latency_seconds", "End-to-end request latency.", ["arm"], buckets=LATENCY_BUCKETS,
             registry=r)
         self.aborts = prometheus_client.Counter(
-            "lamina_request_aborts", "Requests aborted before they finished, by reason (client_gone).",
+            "lamina_request_aborts", "Requests aborted before they finished, by reason (client_gone; queue_timeout: "
+            "waited longer than max_queue_wait_s to start).",
             ["reason"], registry=r)
         self.prompt_tokens = prometheus_client.Counter(
             "lamina_prompt_tokens", "Prompt tokens processed, by tenant and A/B arm.", ["tenant", "arm"], registry=r)
@@ -239,3 +244,5 @@ class Metrics:
     def lamina_request_failed(self, ctx: RequestContext, error: LaminaError) -> None:
         self.requests.labels(ctx.endpoint, str(error.http_status), ctx.tenant, arm_label(ctx.arms)).inc()
         self.slo.outcome(error.http_status)
+        if error.code in ABORTING_CODES:
+            self.aborts.labels(error.code).inc()

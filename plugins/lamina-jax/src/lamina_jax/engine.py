@@ -23,6 +23,10 @@ start. A policy must stop holding once the oldest request has waited its window,
 request is delayed by at most that window, never stalled. Contextvars do not cross into this
 thread, so every log line names the request id explicitly.
 
+With ``max_queue_wait_s``, a request that has not started (no prefill chunk) that long after its
+submission fails with 503 ``queue_timeout`` between steps; `expected_wait_s` lets the executor
+refuse one at once when the queue ahead of it already means a longer wait.
+
 With a pre-warm policy, every ``PREWARM_S`` (waking from idle for it) the scheduler pins the
 wanted prefixes; when nothing else runs, one wanted prefix that is not cached is computed as a
 ``warm`` sequence, which counts in no request statistics and feeds no batching policy.
@@ -40,10 +44,11 @@ import attrs
 import numpy as np
 import structlog
 
-from lamina_hookspecs.errors import InternalError
+from lamina_hookspecs.errors import InternalError, ServiceUnavailableError
 from lamina_hookspecs.types import FinishReason, SamplingParams
 from lamina_jax.model_runner import ModelRunner, SampledRow
 from lamina_jax.output_processor import OutputProcessor
+from lamina_jax.rates import EventRate
 from lamina_jax.scheduler import PrefillWork, Scheduler, Step
 from lamina_jax.sequence import Sequence
 from lamina_jax.tokenizer import GGUFTokenizer
@@ -75,8 +80,9 @@ class Engine:
     """Steps a model over a continuously changing batch on its own thread."""
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer: GGUFTokenizer, *,
-                 max_model_len: int) -> None:
+                 max_model_len: int, max_queue_wait_s: float | None = None) -> None:
         self.runner, self.scheduler = runner, scheduler
+        self.max_queue_wait_s = max_queue_wait_s
         self.outputs = OutputProcessor(tokenizer, max_model_len=max_model_len)
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -91,6 +97,10 @@ class Engine:
         """Prefixes computed ahead for the pre-warm policy."""
         self.times = StepTimes()
         """Totals over every step that ran (read from any thread; a benchmark diffs two readings)."""
+        self.starts = EventRate(RATE_WINDOW_S)
+        """Requests that got their first prefill chunk, per second."""
+        self.queue_timeouts = 0
+        """Requests failed for waiting longer than ``max_queue_wait_s`` to start."""
 
     # -- called from the event loop ---------------------------------------------------
 
@@ -130,6 +140,15 @@ class Engine:
         """Requests not yet running (queued in the scheduler or still in the inbox)."""
         return len(self.scheduler.waiting) + self._submitted - self._accepted
 
+    def expected_wait_s(self) -> float:
+        """How long a request submitted now would wait to start, going by the queue ahead of it and
+        the recent rate of starts (0 with nothing queued; infinite when nothing has started lately)."""
+        waiting = self.num_waiting
+        if waiting == 0:
+            return 0.0
+        rate = self.starts.at(time.monotonic())
+        return waiting / rate if rate > 0 else math.inf
+
     # -- the engine thread -------------------------------------------------------------
 
     def _run(self) -> None:
@@ -138,6 +157,7 @@ class Engine:
             idle = None if self.scheduler.prewarm is None else PREWARM_S
             if not self._drain(timeout=idle_s if self.scheduler.has_work() else idle):
                 break
+            self._expire(time.monotonic())
             self._prewarm(time.monotonic())
             idle_s = self.step()
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
@@ -162,6 +182,19 @@ class Engine:
                 self.prompt_tokens += len(arg.prompt_ids)
             elif command == "abort" and self.scheduler.remove(arg):
                 self.outputs.drop(arg)
+
+    def _expire(self, now: float) -> None:
+        """Fail the requests that waited longer than ``max_queue_wait_s`` to start (503 ``queue_timeout``)."""
+        if self.max_queue_wait_s is None:
+            return
+        for seq in self.scheduler.expire(now, self.max_queue_wait_s):
+            self.queue_timeouts += 1
+            waited = now - seq.submitted_at
+            log.info("request_queue_timeout", request_id=seq.request_id, waited_s=round(waited, 2))
+            seq.emit(ServiceUnavailableError(
+                f"the request waited {waited:.1f} s to start, longer than max_queue_wait_s "
+                f"({self.max_queue_wait_s:g} s)", code="queue_timeout", retry_after=self.max_queue_wait_s))
+            self.outputs.drop(seq)
 
     def _prewarm(self, now: float) -> None:
         """Pin the pre-warm policy's prefixes; when idle, start computing one that is missing."""
@@ -223,6 +256,8 @@ class Engine:
         for work in works:
             if work.seq.queue_s is None:
                 work.seq.queue_s = now - work.seq.submitted_at
+                if not work.seq.warm:
+                    self.starts.add(now)
         first = []  # sequences that get their first token now (not a recomputation after preemption)
         sampled_rows = self.runner.prefill(works)
         model_s = time.monotonic() - now

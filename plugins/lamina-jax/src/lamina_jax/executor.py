@@ -1,7 +1,8 @@
 """The ``jax`` executor: the Executor protocol over the engine thread.
 
 ``generate`` tokenizes on the event loop (the chat template for messages), checks the
-request against the context window, the KV pool and the queue bound, and returns an async
+request against the context window, the KV pool and the queue's bounds (its length, and with
+``max_queue_wait_s`` the wait the queue ahead already means), and returns an async
 iterator fed by the engine thread through an ``asyncio.Queue``. Closing it early aborts the
 request in the engine, which frees its KV blocks at the next step boundary.
 """
@@ -95,7 +96,8 @@ class JaxExecutor:
         log.info("model_loaded", model=self.model.id, path=str(self.path), layers=config.n_layers,
                  kv_blocks=num_blocks, kv_dtype=options.kv_dtype, block_size=options.block_size,
                  max_model_len=max_len)
-        return Engine(runner, scheduler, self.tokenizer, max_model_len=max_len)
+        return Engine(runner, scheduler, self.tokenizer, max_model_len=max_len,
+                      max_queue_wait_s=options.max_queue_wait_s)
 
     def _weights(self, params: LlamaParams, config: LlamaConfig, shapes: list[tuple[str, int]],
                  ) -> tuple[LlamaParams, LlamaConfig, dict[tuple[str, int], tuple[LlamaParams, LlamaConfig]]]:
@@ -142,7 +144,7 @@ class JaxExecutor:
             name="jax", model=self.model.id, outstanding_requests=self._outstanding,
             outstanding_tokens=self._outstanding_tokens, queue_depth=engine.num_waiting,
             kv_blocks_used=allocator.num_used, kv_blocks_total=allocator.num_blocks,
-            tokens_per_s=engine.tokens_per_s(),
+            tokens_per_s=engine.tokens_per_s(), preemptions=engine.scheduler.num_preemptions,
         )
 
     def _prompt_ids(self, request: Request) -> list[int]:
@@ -172,6 +174,11 @@ class JaxExecutor:
         if engine.num_waiting >= self.options.max_queue:
             raise ServiceUnavailableError(f"the request queue is full ({self.options.max_queue} waiting)",
                                           code="queue_full", retry_after=1)
+        bound = self.options.max_queue_wait_s
+        if bound is not None and (expected := engine.expected_wait_s()) > bound:
+            raise ServiceUnavailableError(
+                f"the server is overloaded: a new request would wait about {expected:.0f} s to start, longer than "
+                f"max_queue_wait_s ({bound:g} s)", code="overloaded", retry_after=min(expected, 60.0))
         return self._stream(engine, attrs.evolve(request, sampling=attrs.evolve(request.sampling, max_tokens=budget)),
                             ids)
 

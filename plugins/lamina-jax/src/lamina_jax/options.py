@@ -51,6 +51,11 @@ class JaxOptions:
         "help": "most sequences decoded together in one step"})
     max_queue: int = attrs.field(default=256, validator=attrs.validators.ge(0), metadata={
         "help": "most requests waiting for a batch slot or memory; more get HTTP 503"})
+    max_queue_wait_s: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.gt(0)), metadata={
+            "help": "longest a request may wait to start (its first prefill chunk), seconds: past it, HTTP 503 "
+                    "queue_timeout with Retry-After; and a request is refused at once (503 overloaded) when the "
+                    "queue ahead of it, at the recent rate of starts, already means a longer wait (unset: no bound)"})
     prefill_chunk: int = attrs.field(default=256, validator=attrs.validators.ge(16), metadata={
         "help": "most prompt tokens prefilled per step (bounds how long running streams pause)"})
     max_prefills: int = attrs.field(default=8, validator=attrs.validators.ge(1), metadata={

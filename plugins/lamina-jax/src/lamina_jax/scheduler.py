@@ -30,7 +30,6 @@ as a ``warm`` sequence (one prefill, no client).
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from collections import deque
 
@@ -39,6 +38,7 @@ import attrs
 from lamina_hookspecs.protocols import BatchingPolicy, PrewarmPolicy
 from lamina_hookspecs.types import SchedulerState, WarmPrefix
 from lamina_jax.block_manager import BlockManager, blocks_for
+from lamina_jax.rates import EventRate
 from lamina_jax.sequence import Sequence
 
 ARRIVAL_WINDOW_S = 2.0
@@ -81,13 +81,13 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.hold_s = 0.0  # how long the policy held new prefills at the last schedule (0: not held)
-        self._arrivals = (0.0, 0.0)  # (when, decayed arrivals per second) at the last add
+        self._arrivals = EventRate(ARRIVAL_WINDOW_S)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
         if seq.warm:
             return
-        self._arrivals = (seq.submitted_at, self.arrival_rate(seq.submitted_at) + 1 / ARRIVAL_WINDOW_S)
+        self._arrivals.add(seq.submitted_at)
         if self.prewarm is not None:
             self.prewarm.observe(seq.prompt_ids, salt=seq.salt, now=seq.submitted_at)
 
@@ -100,8 +100,7 @@ class Scheduler:
 
     def arrival_rate(self, now: float) -> float:
         """Arrivals per second, exponentially averaged over ``ARRIVAL_WINDOW_S`` and decayed to ``now``."""
-        when, rate = self._arrivals
-        return rate * math.exp(-max(now - when, 0.0) / ARRIVAL_WINDOW_S)
+        return self._arrivals.at(now)
 
     def state(self, now: float) -> SchedulerState:
         """What the batching policy sees at ``now``."""
@@ -125,6 +124,15 @@ class Scheduler:
                 self.blocks.release(seq)
                 return True
         return False
+
+    def expire(self, now: float, max_wait_s: float) -> list[Sequence]:
+        """Take out and return the waiting sequences that have not started (no prefill chunk yet)
+        and were submitted more than ``max_wait_s`` before ``now``."""
+        expired = [seq for seq in self.waiting
+                   if seq.queue_s is None and not seq.warm and now - seq.submitted_at > max_wait_s]
+        for seq in expired:
+            self.remove(seq)
+        return expired
 
     def schedule(self, now: float | None = None) -> Step:
         """The next step; ``now`` (default: the monotonic clock) is the time the policy sees."""
