@@ -165,3 +165,55 @@ def test_sigterm_drains_in_flight_streams_then_exits_zero(tmp_path: Path) -> Non
             process.kill()
             process.wait()
         log.close()
+
+
+def test_requests_outlasting_the_drain_are_answered_503_shutdown_in_one_log_line(tmp_path: Path) -> None:
+    """drain_timeout_s 0.5 against requests of about 8 s: SIGTERM aborts them when it runs out, the
+    stream ends with a ``shutdown`` error event, the non-streamed request gets 503 ``shutdown``, one
+    ``drained`` line counts both, no traceback is logged, and the process exits 0."""
+    stack = tmp_path / "slow-echo.toml"
+    stack.write_text('[executor]\nuse = "echo"\ntoken_delay_s = 0.2\n[server]\ndrain_timeout_s = 0.5\ngrpc_port = 0\n')
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    log = log_path.open("wb")
+    process = subprocess.Popen([sys.executable, "-m", "lamina.cli", "serve", str(stack), "--port", str(port)],
+                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    words = " ".join(f"w{i}" for i in range(40))  # 40 tokens x 0.2 s: about 8 s
+    body = {"model": "echo", "prompt": words, "max_tokens": 40}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and process.poll() is None, "server did not start"
+            time.sleep(0.1)
+
+        async def both() -> tuple[httpx.Response, bytes]:
+            async with httpx.AsyncClient(timeout=30) as client:
+                whole = asyncio.ensure_future(client.post(f"{url}/v1/completions", json=body))
+                async with client.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as stream:
+                    chunks = stream.aiter_bytes()
+                    first = await anext(chunks)
+                    process.send_signal(signal.SIGTERM)
+                    rest = b"".join([chunk async for chunk in chunks])
+                return await whole, first + rest
+
+        started = time.monotonic()
+        whole, streamed = asyncio.run(both())
+        assert time.monotonic() - started < 5, "the drain did not stop the requests at its timeout"
+        assert whole.status_code == 503 and whole.json()["error"]["code"] == "shutdown"
+        assert b"w0" in streamed and b'"code":"shutdown"' in streamed.replace(b" ", b"") and b"w39" not in streamed
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
+    text = log_path.read_text()
+    drained = [line for line in text.splitlines() if "drained" in line]
+    assert len(drained) == 1 and "aborted=2" in drained[0].replace('"', "").replace(": ", "="), text[-3000:]
+    assert "Traceback" not in text and "CancelledError" not in text, text

@@ -11,7 +11,8 @@ validation, context length, queue full) still gets its own HTTP status and an Op
 body. A client that disconnects aborts its request and frees its KV blocks, whether it waits
 for a stream, for its first chunk, or for a whole non-streamed answer (the handler watches the
 ASGI receive channel for the disconnect while it waits); aborts are counted by reason in
-``/metrics``. While the server drains (SIGTERM) new requests get 503.
+``/metrics``. While the server drains (SIGTERM) new requests get 503; those still in flight when
+the drain runs out of time are aborted and answered 503 ``shutdown`` (`Server.abort_in_flight`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ CLIENT_CLOSED = 499
 """nginx's status for a request whose client closed the connection first (nobody receives it)."""
 
 _T = TypeVar("_T")
+SHUT_DOWN = ServiceUnavailableError("the server shut down before the request finished", code="shutdown",
+                                    retry_after=5)
+"""The answer to a request still in flight when draining ran out of time."""
 
 
 class ClientGone(Exception):
@@ -115,9 +119,39 @@ class Server:
         self.metrics = Metrics(stack)
         stack.pm.register(self.metrics, name="lamina.metrics")
         self.draining = False
+        self.stopping = False
         self.in_flight = 0
+        self._waiting: dict[asyncio.Task[Any], str] = {}  # tasks awaiting a request's output → its id
         default = next(iter(stack.codecs.instances.values()))
         self._default_codec: Codec = default
+
+    def abort_in_flight(self) -> list[str]:
+        """End every request still in flight once draining has run out of time: each is aborted (its
+        engine work freed) and answered 503 ``shutdown`` (a stream: an error event, then its end).
+        Returns their ids."""
+        self.stopping = True
+        for task in self._waiting:
+            task.cancel()
+        return list(self._waiting.values())
+
+    async def _output(self, ctx: RequestContext, work: Awaitable[_T]) -> _T:
+        """Await ``work`` (a request's next output), in reach of `abort_in_flight`."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._waiting[task] = ctx.request_id
+        try:
+            return await work
+        finally:
+            del self._waiting[task]
+
+    def _stopped(self) -> bool:
+        """After a cancellation: whether `abort_in_flight` sent it (then the task goes on to answer)."""
+        task = asyncio.current_task()
+        if not self.stopping or task is None:
+            return False
+        task.uncancel()
+        self.metrics.aborted("shutdown")
+        return True
 
     def app(self) -> Starlette:
         routes = [
@@ -210,13 +244,18 @@ class Server:
         chunks = run_request(self.stack, ctx, body, lambda b: parse(b, ctx.request_id, ctx.tenant))
         self.in_flight += 1
         try:
-            first = await while_connected(http, anext(chunks))
+            first = await while_connected(http, self._output(ctx, anext(chunks)))
         except LaminaError as error:
             self.in_flight -= 1
             return error_response(error, ctx.request_id)
         except ClientGone:
             self.in_flight -= 1
             return await self._gone(chunks)
+        except asyncio.CancelledError:
+            self.in_flight -= 1
+            if not self._stopped():
+                raise
+            return await self._shut(chunks, ctx)
         except BaseException:
             self.in_flight -= 1
             raise
@@ -225,11 +264,15 @@ class Server:
         headers = {"x-request-id": ctx.request_id}
         if not request.stream:
             try:
-                collected = [first] + await while_connected(http, _rest(chunks))
+                collected = [first] + await while_connected(http, self._output(ctx, _rest(chunks)))
             except LaminaError as error:
                 return error_response(error, ctx.request_id)
             except ClientGone:
                 return await self._gone(chunks)
+            except asyncio.CancelledError:
+                if not self._stopped():
+                    raise
+                return await self._shut(chunks, ctx)
             finally:
                 self.in_flight -= 1
             return Response(orjson.dumps(completion_body(kind, request, collected)), media_type="application/json",
@@ -239,6 +282,11 @@ class Server:
                           kind="chat" if kind == "chat" else "completion", include_usage=options.get("include_usage"))
         return StreamingResponse(self._stream(codec, meta, ctx, first, chunks), media_type=codec.media_type,
                                  headers=headers)
+
+    async def _shut(self, chunks: AsyncIterator[TokenChunk], ctx: RequestContext) -> Response:
+        """Abort a request the server stopped before it finished: 503 ``shutdown``."""
+        await chunks.aclose()  # type: ignore[attr-defined]
+        return error_response(SHUT_DOWN, ctx.request_id)
 
     async def _gone(self, chunks: AsyncIterator[TokenChunk]) -> Response:
         """Abort a request whose client left; the response goes nowhere."""
@@ -253,7 +301,11 @@ class Server:
         try:
             yield encoder.header(meta) + encoder.chunk(first)
             last = time.monotonic()
-            async for chunk in chunks:
+            while not ended:
+                try:
+                    chunk = await self._output(ctx, anext(chunks))
+                except StopAsyncIteration:
+                    break
                 ended = chunk.finish_reason is not None
                 yield encoder.chunk(chunk)
                 now = time.monotonic()
@@ -263,6 +315,11 @@ class Server:
         except LaminaError as error:
             ended = True
             yield encoder.error(StreamError(message=error.message, type=error.openai_type, code=error.code))
+        except asyncio.CancelledError:
+            if not self._stopped():
+                raise
+            ended = True
+            yield encoder.error(StreamError(message=SHUT_DOWN.message, type=SHUT_DOWN.openai_type, code=SHUT_DOWN.code))
         finally:
             self.in_flight -= 1
             await chunks.aclose()  # type: ignore[attr-defined]

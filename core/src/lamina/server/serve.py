@@ -5,8 +5,9 @@ One asyncio loop runs uvicorn (HTTP) and ``grpc.aio`` (gRPC). The listeners star
 so that ``/health`` answers while the model loads; ``/ready`` (and the gRPC health service)
 turn ready when every executor has started. SIGTERM (or Ctrl-C) drains: new requests get
 503 / UNAVAILABLE, in-flight streams run to completion for up to
-``server.drain_timeout_s``, then the process stops the stack and exits 0. A second signal
-exits at once.
+``server.drain_timeout_s``; HTTP requests still running then are aborted and answered 503
+``shutdown``, one log line counts them, and the process stops the stack and exits 0. A second
+signal exits at once.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from lamina.server.http import Server
 from lamina.stack import Stack
 
 log = structlog.get_logger(__name__)
+
+ABORT_GRACE_S = 2.0
+"""How long requests aborted at the end of a drain get to send their 503 before the server closes."""
 
 
 class _DrainingServer(uvicorn.Server):
@@ -61,7 +65,14 @@ class _DrainingServer(uvicorn.Server):
             await self.grpc.drain()
         while self._in_flight() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        log.info("drained", abandoned=self._in_flight())
+        aborted = self.http.abort_in_flight() if self._in_flight() else []
+        answered = time.monotonic() + ABORT_GRACE_S
+        while self.http.in_flight and time.monotonic() < answered:
+            await asyncio.sleep(0.01)
+        # cut work is worth a line at the default level (warning); a clean drain is not
+        (log.warning if aborted else log.info)("drained", aborted=len(aborted), left=self._in_flight())
+        if aborted:
+            log.debug("drain_aborted", request_ids=aborted)
         self.should_exit = True
 
 
