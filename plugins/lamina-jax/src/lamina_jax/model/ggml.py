@@ -10,7 +10,7 @@ blocks in registers against unrounded activations instead, giving the products o
 matrix the blocks hold (ggml has no such kernel).
 
 The kernel is one of the native CPU kernels (`lamina_jax.model.cpu_kernels`); without them
-`available` is False and the formats that need it are not offered.
+`cpu_kernels.available` is False and the formats that need it are not offered.
 """
 
 from __future__ import annotations
