@@ -195,6 +195,20 @@ def test_abort_ends_the_stream_with_finish_reason_abort_and_frees_the_request() 
     run(SLOW, scenario)
 
 
+def test_the_drain_aborts_what_is_still_running_when_it_runs_out_of_time() -> None:
+    async def scenario(live: Live) -> None:
+        call = live.stub.Generate(pb.GenerateRequest(request_id="long-2", model="echo", text=WORDS))
+        assert (await call.read()).text == "w0"
+        await live.service.drain()
+        assert live.service.abort_in_flight() == ["long-2"]
+        rest = await read_rest(call)
+        assert rest and rest[-1].finish_reason == "abort" and len(rest) < 10
+        assert await call.code() == grpc.StatusCode.OK
+        await live.settled()
+
+    run(SLOW, scenario)
+
+
 def test_a_client_that_cancels_frees_its_request() -> None:
     async def scenario(live: Live) -> None:
         call = live.stub.Generate(text(WORDS))

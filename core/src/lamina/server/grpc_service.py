@@ -170,6 +170,14 @@ class InferenceService(pb_grpc.InferenceServicer):
             await asyncio.sleep(HEALTH_POLL_S)
             await self._report_health()
 
+    def abort_in_flight(self) -> list[str]:
+        """Abort every running ``Generate`` (as ``Abort`` does: each stream ends with a
+        ``finish_reason="abort"`` chunk and its work is freed), once draining has run out of time.
+        Returns their request ids."""
+        for flight in self._flights.values():
+            flight.abort()
+        return list(self._flights)
+
     async def drain(self) -> None:
         """Report NOT_SERVING from now on and refuse new requests; running ones continue."""
         self.draining = True

@@ -5,8 +5,9 @@ One asyncio loop runs uvicorn (HTTP) and ``grpc.aio`` (gRPC). The listeners star
 so that ``/health`` answers while the model loads; ``/ready`` (and the gRPC health service)
 turn ready when every executor has started. SIGTERM (or Ctrl-C) drains: new requests get
 503 / UNAVAILABLE, in-flight streams run to completion for up to
-``server.drain_timeout_s``; HTTP requests still running then are aborted and answered 503
-``shutdown``, one log line counts them, and the process stops the stack and exits 0. A second
+``server.drain_timeout_s``; requests still running then are aborted (HTTP: 503 ``shutdown``;
+gRPC: a ``finish_reason="abort"`` chunk), one log line counts them, and the process stops the
+stack and exits 0 (a worker too). A second
 signal exits at once.
 """
 
@@ -18,7 +19,7 @@ import ipaddress
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import FrameType
 
 import structlog
@@ -32,7 +33,7 @@ from lamina.stack import Stack
 log = structlog.get_logger(__name__)
 
 ABORT_GRACE_S = 2.0
-"""How long requests aborted at the end of a drain get to send their 503 before the server closes."""
+"""How long requests aborted at the end of a drain get to send their answers before the server closes."""
 
 
 class _DrainingServer(uvicorn.Server):
@@ -65,15 +66,20 @@ class _DrainingServer(uvicorn.Server):
             await self.grpc.drain()
         while self._in_flight() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        aborted = self.http.abort_in_flight() if self._in_flight() else []
-        answered = time.monotonic() + ABORT_GRACE_S
-        while self.http.in_flight and time.monotonic() < answered:
-            await asyncio.sleep(0.01)
-        # cut work is worth a line at the default level (warning); a clean drain is not
-        (log.warning if aborted else log.info)("drained", aborted=len(aborted), left=self._in_flight())
-        if aborted:
-            log.debug("drain_aborted", request_ids=aborted)
+        aborted = self.http.abort_in_flight() + (self.grpc.abort_in_flight() if self.grpc else [])
+        await _answered(self._in_flight, aborted)
         self.should_exit = True
+
+
+async def _answered(in_flight: Callable[[], int], aborted: list[str]) -> None:
+    """Give the requests aborted at the end of a drain ``ABORT_GRACE_S`` to send their answers, then
+    say in one line how the drain ended (a warning when it cut work short)."""
+    answered = time.monotonic() + ABORT_GRACE_S
+    while in_flight() and time.monotonic() < answered:
+        await asyncio.sleep(0.01)
+    (log.warning if aborted else log.info)("drained", aborted=len(aborted), left=in_flight())
+    if aborted:
+        log.debug("drain_aborted", request_ids=aborted)
 
 
 def _say(message: str) -> None:
@@ -173,6 +179,7 @@ def serve_worker(stack: Stack, host: str, port: int) -> int:
         deadline = time.monotonic() + stack.config.server.drain_timeout_s
         while service.in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        await _answered(lambda: service.in_flight, service.abort_in_flight())
         await server.stop(grace=1.0)
         await stack.stop()
 
