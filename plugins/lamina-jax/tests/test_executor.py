@@ -19,7 +19,7 @@ from lamina_hookspecs.types import ChatMessage, Request, SamplingParams, TokenCh
 from lamina_jax.executor import JaxExecutor
 from lamina_jax.model.llama import forward
 from lamina_jax.options import JaxOptions
-from lamina_jax.rates import EventRate
+from lamina_jax.rates import SpacedRate
 from lamina_jax.weights.gguf import load_gguf
 from lamina_jax.testing import cpu_kernels_absent
 
@@ -233,9 +233,13 @@ def test_a_request_that_waits_past_max_queue_wait_s_fails_and_an_overloaded_queu
         state = executor.state()
         assert state.queue_depth == 0 and executor.engine.queue_timeouts == 1
         assert state.kv_blocks_used <= blocks + 1  # the running request's growth only
-        # starts at 0.5 a second and 3 requests queued: a new one would wait about 6 s
-        executor.engine.starts = EventRate(1e6)
-        executor.engine.starts.add(time.monotonic(), 0.5e6)
+        executor.engine._submitted += 3
+        assert executor.engine.expected_wait_s() == 0.0, "one start says nothing of the rate yet"
+        executor.engine._submitted -= 3
+        # the last requests started 2 s apart and 3 are queued: a new one would wait about 6 s
+        executor.engine.starts = SpacedRate()
+        for i in range(4):
+            executor.engine.starts.add(100.0 + 2 * i)
         executor.engine._submitted += 3
         with pytest.raises(ServiceUnavailableError, match="overloaded") as refused:
             executor.generate(Request(id="c", model=model, prompt="c"))

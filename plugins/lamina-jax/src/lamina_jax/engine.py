@@ -48,7 +48,7 @@ from lamina_hookspecs.errors import InternalError, ServiceUnavailableError
 from lamina_hookspecs.types import FinishReason, SamplingParams
 from lamina_jax.model_runner import ModelRunner, SampledRow
 from lamina_jax.output_processor import OutputProcessor
-from lamina_jax.rates import EventRate
+from lamina_jax.rates import SpacedRate
 from lamina_jax.scheduler import PrefillWork, Scheduler, Step
 from lamina_jax.sequence import Sequence
 from lamina_jax.tokenizer import GGUFTokenizer
@@ -97,7 +97,7 @@ class Engine:
         """Prefixes computed ahead for the pre-warm policy."""
         self.times = StepTimes()
         """Totals over every step that ran (read from any thread; a benchmark diffs two readings)."""
-        self.starts = EventRate(RATE_WINDOW_S)
+        self.starts = SpacedRate()
         """Requests that got their first prefill chunk, per second."""
         self.queue_timeouts = 0
         """Requests failed for waiting longer than ``max_queue_wait_s`` to start."""
@@ -142,12 +142,9 @@ class Engine:
 
     def expected_wait_s(self) -> float:
         """How long a request submitted now would wait to start, going by the queue ahead of it and
-        the recent rate of starts (0 with nothing queued; infinite when nothing has started lately)."""
-        waiting = self.num_waiting
-        if waiting == 0:
-            return 0.0
-        rate = self.starts.at(time.monotonic())
-        return waiting / rate if rate > 0 else math.inf
+        the rate the last requests started at (0 with nothing queued, or before a few have started)."""
+        waiting, rate = self.num_waiting, self.starts.rate()
+        return waiting / rate if waiting and rate else 0.0
 
     # -- the engine thread -------------------------------------------------------------
 
