@@ -24,20 +24,6 @@ def _pools(rng: np.random.Generator, blocks: int, kv_heads: int, block: int, dim
     return tuple(jnp.asarray(3 * rng.standard_normal(shape), dtype) for _ in range(2))
 
 
-def _jax_form(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, tables: jax.Array, lengths: jax.Array) -> jax.Array:
-    """`_paged_attention` as decode runs it without the kernel: one row per segment."""
-    size = k_pool.shape[2]
-    chunked = llama._chunked(tables)
-    positions = lengths - 1
-
-    def key_mask(i: jax.Array) -> jax.Array:
-        return (llama._chunk_positions(i, size)[None, :] <= positions[:, None])[:, None]
-
-    num_chunks = llama._chunks_for(lengths, size)
-    out = llama._paged_attention(q[:, None], (k_pool, v_pool, None, None), chunked, num_chunks, key_mask)
-    return out.reshape(q.shape)
-
-
 @built
 @pytest.mark.parametrize(("dtype", "heads", "kv_heads", "dim", "block"),
                          [("float32", 9, 3, 64, 16), ("bfloat16", 9, 3, 64, 16), ("float32", 8, 2, 32, 4),
@@ -55,7 +41,7 @@ def test_the_kernel_attends_as_the_jax_form(dtype: str, heads: int, kv_heads: in
     q = jnp.asarray(rng.standard_normal((len(lengths), heads, dim)), jnp.float32)
     got = jax.jit(attention_kernel.decode_attention)(q, k_pool, v_pool, jnp.asarray(tables), jnp.asarray(lengths))
     safe = np.where(tables < blocks, tables, 0)
-    want = _jax_form(q, k_pool, v_pool, jnp.asarray(safe), jnp.asarray(lengths))
+    want = llama.jax_decode_attention(q, (k_pool, v_pool, None, None), jnp.asarray(safe), jnp.asarray(lengths) - 1)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
 
 

@@ -479,6 +479,20 @@ def prefill_packed(
     return _logits(params, hidden[last], config), cache
 
 
+def jax_decode_attention(q: jax.Array, pools: _Pools, block_tables: jax.Array, positions: jax.Array) -> jax.Array:
+    """Decode attention in JAX (`_paged_attention`), as `decode` runs it where the native kernel is not
+    used: queries ``q [B, H, d]`` at ``positions [B]`` (``-1``: a padding row) over block tables
+    ``[B, n]``, in segments of ``DECODE_SEGMENT_ROWS`` rows. Returns ``[B, H, d]``."""
+    size = pools[0].shape[2]
+    segments = q.shape[0] // math.gcd(q.shape[0], DECODE_SEGMENT_ROWS)  # equal segments
+    num_chunks = _chunks_for(jnp.max(positions.reshape(segments, -1), axis=1) + 1, size)
+
+    def key_mask(i: jax.Array) -> jax.Array:
+        return (_chunk_positions(i, size)[None, :] <= positions[:, None])[:, None]
+
+    return _paged_attention(q[:, None], pools, _chunked(block_tables), num_chunks, key_mask).reshape(q.shape)
+
+
 @functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
 def decode(
     params: LlamaParams,
@@ -504,19 +518,14 @@ def decode(
     rows = jnp.arange(tokens.shape[0])
     write_blocks = jnp.where(positions >= 0, block_tables[rows, jnp.maximum(positions, 0) // size], cache.num_blocks)
     offsets = jnp.maximum(positions, 0) % size
-    tables = _chunked(block_tables)
-    segments = tokens.shape[0] // math.gcd(tokens.shape[0], DECODE_SEGMENT_ROWS)  # equal segments
-    num_chunks = _chunks_for(jnp.max(positions.reshape(segments, -1), axis=1) + 1, size)
-
-    def key_mask(i: jax.Array) -> jax.Array:
-        return (_chunk_positions(i, size)[None, :] <= positions[:, None])[:, None]
 
     def attend(q: jax.Array, layer_pools: _Pools) -> jax.Array:
         if attention_kernel.usable(config.n_heads, layer_pools[0]):
             out = attention_kernel.decode_attention(q[:, 0], layer_pools[0], layer_pools[1], block_tables,
                                                     positions + 1)
-            return out.reshape(q.shape[0], 1, -1)
-        return _paged_attention(q, layer_pools, tables, num_chunks, key_mask)
+        else:
+            out = jax_decode_attention(q[:, 0], layer_pools, block_tables, positions)
+        return out.reshape(q.shape[0], 1, -1)
 
     x = _embed(params.embed, tokens)[:, None]
     pools = []
