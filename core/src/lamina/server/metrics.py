@@ -185,7 +185,7 @@ class Metrics:
             registry=r)
         self.aborts = prometheus_client.Counter(
             "lamina_request_aborts", "Requests aborted before they finished, by reason (client_gone; queue_timeout: "
-            "waited longer than max_queue_wait_s to start).",
+            "waited longer than max_queue_wait_s to start; shutdown: still running when the drain ran out).",
             ["reason"], registry=r)
         self.prompt_tokens = prometheus_client.Counter(
             "lamina_prompt_tokens", "Prompt tokens processed, by tenant and A/B arm.", ["tenant", "arm"], registry=r)
@@ -208,7 +208,8 @@ class Metrics:
         self.slo.outcome(http_status)
 
     def aborted(self, reason: str) -> None:
-        """Count a request the transport aborted (``client_gone``: its client disconnected)."""
+        """Count a request the transport aborted (``client_gone``: its client disconnected; ``shutdown``: the
+        drain ran out of time)."""
         self.aborts.labels(reason).inc()
 
     def inter_token(self, ctx: RequestContext, gap_s: float) -> None:
