@@ -122,12 +122,12 @@ INLINE void Halves(const uint8_t *p, float &a, float &b) {  // two fp16 values, 
   a = _mm_cvtss_f32(both), b = _mm_cvtss_f32(_mm_movehdup_ps(both));
 }
 
-INLINE float Sum(Vec v) {  // a tree, not a chain of dependent additions
+INLINE float Sum(Vec v) {  // a tree, not a chain of dependent additions: 16 lanes folded to 8, then pairs
   float s[kLanes];
   std::memcpy(s, &v, sizeof s);
-  for (int width = kLanes / 2; width > 0; width /= 2)
-    for (int i = 0; i < width; ++i) s[i] += s[i + width];
-  return s[0];
+  if constexpr (kLanes == 16)
+    for (int i = 0; i < 8; ++i) s[i] += s[i + 8];
+  return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
 }
 
 // Rows of x against each decoded block (its weights are decoded once per group). On AVX2, 8 (one
