@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,24 +132,38 @@ def test_non_streamed_requests_whose_clients_leave_are_aborted_within_a_second(l
     assert 'lamina_request_aborts_total{reason="client_gone"} 20.0' in metrics
 
 
-def test_sigterm_drains_in_flight_streams_then_exits_zero(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def slow_echo_server(tmp_path: Path, drain_timeout_s: float) -> Iterator[tuple[subprocess.Popen[bytes], str, Path]]:
+    """``lamina serve`` of an echo stack at 0.2 s a token in a subprocess, ready: the process, its URL
+    and its log file; killed at the end if it is still running."""
     stack = tmp_path / "slow-echo.toml"
-    stack.write_text('[executor]\nuse = "echo"\ntoken_delay_s = 0.2\n[server]\ndrain_timeout_s = 20\ngrpc_port = 0\n')
+    stack.write_text('[executor]\nuse = "echo"\ntoken_delay_s = 0.2\n[server]\n'
+                     f'drain_timeout_s = {drain_timeout_s}\ngrpc_port = 0\n')
     port = free_port()
-    log = (tmp_path / "serve.log").open("wb")
-    process = subprocess.Popen([sys.executable, "-m", "lamina.cli", "serve", str(stack), "--port", str(port)],
-                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/ready").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and process.poll() is None, "server did not start"
-            time.sleep(0.1)
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "lamina.cli", "serve", str(stack), "--port", str(port)],
+                                   stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"{url}/ready").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline and process.poll() is None, "server did not start"
+                time.sleep(0.1)
+            yield process, url, log_path
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def test_sigterm_drains_in_flight_streams_then_exits_zero(tmp_path: Path) -> None:
+    with slow_echo_server(tmp_path, drain_timeout_s=20) as (process, url, _):
         words = " ".join(f"w{i}" for i in range(10))  # 10 tokens x 0.2 s: about 2 s
         with httpx.stream("POST", f"{url}/v1/completions", timeout=30,
                           json={"model": "echo", "prompt": words, "max_tokens": 10, "stream": True}) as response:
@@ -160,37 +176,15 @@ def test_sigterm_drains_in_flight_streams_then_exits_zero(tmp_path: Path) -> Non
         assert b"w0" in first and rest.endswith(b"data: [DONE]\n\n") and b"w9" in rest, "the stream ran to its end"
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
         assert process.wait(timeout=30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        log.close()
 
 
 def test_requests_outlasting_the_drain_are_answered_503_shutdown_in_one_log_line(tmp_path: Path) -> None:
     """drain_timeout_s 0.5 against requests of about 8 s: SIGTERM aborts them when it runs out, the
     stream ends with a ``shutdown`` error event, the non-streamed request gets 503 ``shutdown``, one
     ``drained`` line counts both, no traceback is logged, and the process exits 0."""
-    stack = tmp_path / "slow-echo.toml"
-    stack.write_text('[executor]\nuse = "echo"\ntoken_delay_s = 0.2\n[server]\ndrain_timeout_s = 0.5\ngrpc_port = 0\n')
-    port = free_port()
-    log_path = tmp_path / "serve.log"
-    log = log_path.open("wb")
-    process = subprocess.Popen([sys.executable, "-m", "lamina.cli", "serve", str(stack), "--port", str(port)],
-                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
     words = " ".join(f"w{i}" for i in range(40))  # 40 tokens x 0.2 s: about 8 s
     body = {"model": "echo", "prompt": words, "max_tokens": 40}
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/ready").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and process.poll() is None, "server did not start"
-            time.sleep(0.1)
+    with slow_echo_server(tmp_path, drain_timeout_s=0.5) as (process, url, log_path):
 
         async def both() -> tuple[httpx.Response, bytes]:
             async with httpx.AsyncClient(timeout=30) as client:
@@ -208,11 +202,6 @@ def test_requests_outlasting_the_drain_are_answered_503_shutdown_in_one_log_line
         assert whole.status_code == 503 and whole.json()["error"]["code"] == "shutdown"
         assert b"w0" in streamed and b'"code":"shutdown"' in streamed.replace(b" ", b"") and b"w39" not in streamed
         assert process.wait(timeout=30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        log.close()
     text = log_path.read_text()
     drained = [line for line in text.splitlines() if "drained" in line]
     assert len(drained) == 1 and "aborted=2" in drained[0].replace('"', "").replace(": ", "="), text[-3000:]
