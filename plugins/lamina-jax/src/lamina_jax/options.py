@@ -55,7 +55,8 @@ class JaxOptions:
         default=None, validator=attrs.validators.optional(attrs.validators.gt(0)), metadata={
             "help": "longest a request may wait to start (its first prefill chunk), seconds: past it, HTTP 503 "
                     "queue_timeout with Retry-After; and a request is refused at once (503 overloaded) when the "
-                    "queue ahead of it, at the rate the last requests started at, already means a longer wait (unset: no bound)"})
+                    "queue ahead of it, at the rate the last requests started at, already means a longer wait "
+                    "(unset: no bound)"})
     prefill_chunk: int = attrs.field(default=256, validator=attrs.validators.ge(16), metadata={
         "help": "most prompt tokens prefilled per step (bounds how long running streams pause)"})
     max_prefills: int = attrs.field(default=8, validator=attrs.validators.ge(1), metadata={

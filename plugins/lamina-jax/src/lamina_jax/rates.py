@@ -14,9 +14,9 @@ class EventRate:
         self.window_s = window_s
         self._last = (0.0, 0.0)  # (when, rate then): one tuple, swapped atomically
 
-    def add(self, now: float, count: float = 1.0) -> None:
-        """Count ``count`` events at ``now``."""
-        self._last = (now, self.at(now) + count / self.window_s)
+    def add(self, now: float) -> None:
+        """Count one event at ``now``."""
+        self._last = (now, self.at(now) + 1 / self.window_s)
 
     def at(self, now: float) -> float:
         """The rate at ``now``: 0 before any event, falling towards 0 while none comes."""

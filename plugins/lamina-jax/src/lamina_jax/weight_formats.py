@@ -59,7 +59,8 @@ _P = TypeVar("_P", LlamaParams, LayerParams)
 def servable(params: LlamaParams, fmt: str) -> bool:
     """Whether ``params`` can be served in ``fmt`` here: the ``q4_1`` formats need their kernel (loaded
     only when asked about) and matrices whose rows split into its blocks."""
-    return FORMATS[fmt][0] != "q4_1" or (cpu_kernels.available() and all(ggml.quantizable(w) for w in _matrices(params)))
+    return FORMATS[fmt][0] != "q4_1" or (cpu_kernels.available()
+                                         and all(ggml.quantizable(w) for w in _matrices(params)))
 
 
 def exact_in_blocks(params: LlamaParams) -> bool:
