@@ -17,7 +17,7 @@ from lamina_hookspecs.errors import ContextLengthError, InvalidRequestError, Ser
 from lamina_hookspecs.types import ChatMessage, Request, SamplingParams, TokenChunk
 
 from lamina_jax.executor import JaxExecutor
-from lamina_jax.model.llama import forward
+from lamina_jax.model.llama import LlamaParams, forward
 from lamina_jax.options import JaxOptions
 from lamina_jax.rates import SpacedRate
 from lamina_jax.weights.gguf import load_gguf
@@ -354,6 +354,35 @@ def test_the_format_measurement_times_every_format() -> None:
     assert set(timings) == {1, 16} and all(set(t) == set(formats) for t in timings.values())
     assert all(seconds > 0 for t in timings.values() for seconds in t.values())
     assert weight_formats.fastest({1: {"float32": 2.0, "bfloat16": 1.0}}) == {1: "bfloat16"}
+
+
+def test_the_format_measurement_scales_the_timed_layers_to_the_model_and_drops_formats_far_behind(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An estimate is the median layer time times depth over `MEASURED_LAYERS`, plus the head's; a
+    format more than `DROP_BEHIND` times the fastest after the first round is not timed again."""
+    from lamina_jax import weight_formats
+    from lamina_jax.testing import random_weights, tiny_config, to_params
+
+    params = to_params(random_weights(tiny_config(), seed=0))
+    monkeypatch.setattr(weight_formats, "MEASURED_LAYERS", 1)
+    per_call = {"float32": (0.010, 0.004), "bfloat16": (0.012, 0.001), "bfloat16-f32": (0.5, 0.1)}
+    calls: list[str] = []
+
+    by_pair = {pair: fmt for fmt, pair in weight_formats.FORMATS.items()}
+
+    def timed(held: LlamaParams, x: object, matmul_dtype: str | None) -> tuple[list[float], list[float]]:
+        fmt = by_pair[(str(held.head.dtype), matmul_dtype)]
+        calls.append(fmt)
+        layer, head = per_call[fmt]
+        return [layer] * weight_formats.CALLS, [head] * weight_formats.CALLS
+
+    monkeypatch.setattr(weight_formats, "_time_format", timed)
+    timings = weight_formats.measure(params, [4], tuple(per_call))
+    assert len(params.layers) == 2  # so every layer time counts twice
+    assert timings[4] == pytest.approx({"float32": 0.024, "bfloat16": 0.025, "bfloat16-f32": 1.1})
+    assert calls.count("bfloat16-f32") == 1
+    assert calls.count("float32") == calls.count("bfloat16") == weight_formats.ROUNDS
+    assert weight_formats.fastest(timings) == {4: "float32"}
 
 
 def test_bfloat16_computed_in_float32_is_close_to_float32(tiny_gguf: Path) -> None:

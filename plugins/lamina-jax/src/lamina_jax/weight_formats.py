@@ -13,8 +13,8 @@ its products are float32's up to the order of the sums). Both need the natively 
 bandwidth, a big batch or a prompt chunk by the matrix kernels, and which format is fastest at
 which size differs from one CPU to the next (bf16 dots are native on CPUs with AVX-512 BF16,
 slow on others). With ``weights_dtype = "auto"`` the executor times a few decoder layers'
-projections in each of the `auto` formats at every row count it compiles and serves each shape
-in the fastest; a weight dtype is held only if some shape uses it. ``int8`` is left out of
+projections and the output head in each of the `auto` formats at every row count it compiles
+(`measure`) and serves each shape in the fastest; a weight dtype is held only if some shape uses it. ``int8`` is left out of
 ``auto``: it passes the perplexity gate but changes far more greedy tokens than the bfloat16
 formats (``benchmarks/weights_dtype.py``), so it is served only when a stack file asks for it.
 So is ``q4_1``: its perplexity is within the gate (its weights are the GGUF's own; only the
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import attrs
@@ -66,8 +66,7 @@ def servable(params: LlamaParams, fmt: str) -> bool:
 def exact_in_blocks(params: LlamaParams) -> bool:
     """Whether the ``q4_1`` formats' blocks hold ``params``' matrices exactly (`ggml.lossless`): a GGUF's
     decoder matrices are Q4_1 and its output head Q8_0."""
-    head = params.embed if params.lm_head is None else params.lm_head
-    return (ggml.lossless(head, "q8_0")
+    return (ggml.lossless(params.head, "q8_0")
             and all(ggml.lossless(w, "q4_1") for layer in params.layers for w in _matrices(layer)))
 
 
@@ -99,7 +98,7 @@ def cast(params: _P, dtype: str) -> _P:
 
 def name(params: LlamaParams, config: LlamaConfig) -> str:
     """The format ``params`` (held by `cast`) and ``config`` (by `configure`) serve in."""
-    head = params.lm_head if params.lm_head is not None else params.embed
+    head = params.head
     held = "q4_1" if isinstance(head, ggml.GgmlWeight) else "int8" if isinstance(head, Int8Weight) else str(head.dtype)
     return next(fmt for fmt, pair in FORMATS.items() if pair == (held, config.matmul_dtype))
 
@@ -113,52 +112,87 @@ def _ggml_blocks(params: _P) -> _P:
     """``params`` in the ``q4_1`` format (see `cast`)."""
     if isinstance(params, LayerParams):
         return jax.tree.map(lambda a: ggml.quantize(a, "q4_1") if a.ndim == 2 else a, params)
-    head = params.embed if params.lm_head is None else params.lm_head
     return attrs.evolve(params, layers=tuple(_ggml_blocks(layer) for layer in params.layers),
-                        lm_head=ggml.quantize(head, "q8_0"))
+                        lm_head=ggml.quantize(params.head, "q8_0"))
 
 
 MEASURED_LAYERS = 8
-"""Decoder layers timed together, with the output head: more weights than the CPU's caches hold,
-as when serving, and the cost of a call spread over them (one layer at one row would time mostly
-the call)."""
+"""Decoder layers timed together: more weights than the CPU's caches hold, as when serving, and
+the cost of a call spread over them (one layer at one row would time mostly the call)."""
+ROUNDS = 3
+"""Rounds of timing; the order of the formats is reversed every other round."""
+CALLS = 2
+"""Timed calls of a format in a round, after one untimed call: a call right after another
+format's runs slow (the other's weights fill the caches), so a format's calls are timed together."""
+DROP_BEHIND = 2.0
+"""A format this many times slower than the fastest after a round is not timed again at that row count."""
+
+
+def _rms(x: jax.Array) -> jax.Array:
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
 
 
 @functools.partial(jax.jit, static_argnames=("matmul_dtype",))
-def _products(params: LlamaParams, x: jax.Array, matmul_dtype: str | None) -> jax.Array:
-    """The seven matrix products of each decoder layer on ``x [rows, dim]``, one layer after another,
-    then the output head's (their shapes, not the model)."""
-    for layer in params.layers:
+def _layer_products(layers: tuple[LayerParams, ...], x: jax.Array, matmul_dtype: str | None) -> jax.Array:
+    """The seven matrix products of each decoder layer on ``x [rows, dim]``, one layer after another
+    (their shapes, not the model: no attention, and an unweighted RMS norm after each half layer
+    keeps the values those of a real model's, whatever the depth)."""
+    for layer in layers:
         q, k, v = (linear(x, w, matmul_dtype) for w in (layer.wq, layer.wk, layer.wv))
-        h = linear(q, layer.wo, matmul_dtype) + k.sum() + v.sum()
+        h = _rms(linear(q, layer.wo, matmul_dtype) + k.sum() + v.sum())
         up = jax.nn.silu(linear(h, layer.w_gate, matmul_dtype)) * linear(h, layer.w_up, matmul_dtype)
-        x = linear(up, layer.w_down, matmul_dtype)
-    return linear(x, params.embed if params.lm_head is None else params.lm_head, matmul_dtype)
+        x = _rms(linear(up, layer.w_down, matmul_dtype))
+    return x
+
+
+@functools.partial(jax.jit, static_argnames=("matmul_dtype",))
+def _head_product(head: jax.Array, x: jax.Array, matmul_dtype: str | None) -> jax.Array:
+    return linear(x, head, matmul_dtype)
+
+
+def _seconds(call: Callable[[], jax.Array]) -> list[float]:
+    """`CALLS` timings of ``call``, after one untimed call."""
+    call().block_until_ready()
+    times = []
+    for _ in range(CALLS):
+        started = time.perf_counter()
+        call().block_until_ready()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def _time_format(held: LlamaParams, x: jax.Array, matmul_dtype: str | None) -> tuple[list[float], list[float]]:
+    """`_seconds` of ``held``'s layers' products on ``x``, then of its head's."""
+    return (_seconds(lambda: _layer_products(held.layers, x, matmul_dtype)),
+            _seconds(lambda: _head_product(held.head, x, matmul_dtype)))
 
 
 def measure(params: LlamaParams, row_counts: Sequence[int],
             formats: Sequence[str]) -> dict[int, dict[str, float]]:
-    """Median seconds of `_products` over `MEASURED_LAYERS` layers and the head, by row count and
-    format. Each format is called once untimed (it compiles), then the formats take turns, round
-    after round, so that a drift of the machine's speed meets all of them alike."""
+    """Estimated seconds of one step's matrix products, by row count and format: the median time of
+    `MEASURED_LAYERS` layers' products scaled to the model's depth, plus the output head's. Each
+    round times every format in turn, `CALLS` calls at a time (`_seconds`), in the reverse order
+    of the round before, so that a drift of the machine's speed meets all of them alike; a format
+    far behind after a round (`DROP_BEHIND`) is not timed again at that row count."""
     part = attrs.evolve(params, layers=params.layers[:MEASURED_LAYERS])
+    depth = len(params.layers) / len(part.layers)
     held = {FORMATS[fmt][0]: cast(part, FORMATS[fmt][0]) for fmt in formats}
     timings: dict[int, dict[str, float]] = {}
     for rows in row_counts:
         x = jnp.asarray(np.random.default_rng(0).standard_normal((rows, params.embed.shape[1]), np.float32))
-
-        def call(fmt: str) -> None:
-            _products(held[FORMATS[fmt][0]], x, FORMATS[fmt][1]).block_until_ready()
-
-        times: dict[str, list[float]] = {fmt: [] for fmt in formats}
-        for fmt in formats:
-            call(fmt)
-        for _ in range(ROUNDS):
-            for fmt in formats:
-                started = time.perf_counter()
-                call(fmt)
-                times[fmt].append(time.perf_counter() - started)
-        timings[rows] = {fmt: float(np.median(t)) for fmt, t in times.items()}
+        times: dict[str, tuple[list[float], list[float]]] = {fmt: ([], []) for fmt in formats}
+        estimate: dict[str, float] = {}
+        racing = list(formats)
+        for round_ in range(ROUNDS):
+            for fmt in racing if round_ % 2 == 0 else racing[::-1]:
+                layer_times, head_times = _time_format(held[FORMATS[fmt][0]], x, FORMATS[fmt][1])
+                times[fmt][0].extend(layer_times)
+                times[fmt][1].extend(head_times)
+            estimate = {fmt: float(np.median(times[fmt][0]) * depth + np.median(times[fmt][1]))
+                        for fmt in formats}
+            best = min(estimate[fmt] for fmt in racing)
+            racing = [fmt for fmt in racing if estimate[fmt] <= DROP_BEHIND * best]
+        timings[rows] = estimate
     return timings
 
 

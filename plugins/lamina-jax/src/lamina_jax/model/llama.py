@@ -116,6 +116,11 @@ class LlamaParams:
     norm: jax.Array  # [dim]
     lm_head: Weight | None  # [vocab_size, dim]
 
+    @property
+    def head(self) -> Weight:
+        """The output head: ``lm_head``, or the tied embedding."""
+        return self.embed if self.lm_head is None else self.lm_head
+
 
 KVDtype = Literal["float32", "bfloat16", "int8", "fp8"]
 """Storage dtype of the KV cache: ``int8`` and ``fp8`` (e4m3) keep a float32 scale per token and head."""
@@ -347,8 +352,7 @@ def _finish_block(layer: LayerParams, x: jax.Array, attn: jax.Array, config: Lla
 
 
 def _logits(params: LlamaParams, x: jax.Array, config: LlamaConfig) -> jax.Array:
-    head = params.embed if params.lm_head is None else params.lm_head
-    return linear(_rms_norm(x, params.norm, config.norm_eps), head, config.matmul_dtype)
+    return linear(_rms_norm(x, params.norm, config.norm_eps), params.head, config.matmul_dtype)
 
 
 def _scale(scales: tuple[jax.Array, ...] | None, layer: int) -> jax.Array | None:
