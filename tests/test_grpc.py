@@ -231,7 +231,8 @@ class Flaky:
     async def stop(self) -> None: ...
 
     def state(self) -> BackendState:
-        return BackendState(name="flaky", model="flaky", healthy=self.healthy)
+        return BackendState(name="flaky", model="flaky", healthy=self.healthy, queue_depth=2, kv_blocks_used=3,
+                            kv_blocks_total=8, tokens_per_s=12.5, preemptions=4)
 
     async def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
         yield TokenChunk(request_id=request.id, index=0, token_ids=(1,), text="ok")
@@ -271,6 +272,15 @@ def test_health_follows_the_executors(monkeypatch: pytest.MonkeyPatch) -> None:
             await asyncio.sleep(0.01)
 
     run({"executor": {"use": "flaky"}}, scenario, ("flaky", flaky))
+
+
+def test_get_state_reports_the_executors_state() -> None:
+    async def scenario(live: Live) -> None:
+        state = await live.stub.GetState(pb.GetStateRequest())
+        assert (state.healthy, state.queue_depth, state.kv_blocks_used, state.kv_blocks_total) == (True, 2, 3, 8)
+        assert (state.tokens_per_s, state.preemptions) == (12.5, 4)
+
+    run({"executor": {"use": "flaky"}}, scenario, ("flaky", Flaky()))
 
 
 def test_bearer_keys_in_metadata_authenticate(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -75,7 +75,8 @@ def test_slo_burn_rates_and_backend_gauges_are_exported(live: Any) -> None:
                  'lamina_slo_burn_rate{slo="error_rate",window="5m"} 0.0',
                  'lamina_slo_threshold{slo="error_rate"} 0.01',
                  'lamina_backend_up{backend="local"} 1.0', 'lamina_backend_circuit_open{backend="local"} 0.0',
-                 'lamina_time_to_first_token_seconds_count{arm=""} 3.0'):
+                 'lamina_time_to_first_token_seconds_count{arm=""} 3.0',
+                 'lamina_request_queue_time_seconds_count{arm=""} 3.0'):
         assert line in metrics, line
     assert 'slo="itl_p95"' not in metrics, "an objective left out is not tracked"
 

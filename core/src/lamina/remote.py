@@ -162,11 +162,12 @@ class RemoteExecutor:
         except grpc.aio.AioRpcError:
             if self._state.healthy:
                 log.warning("backend_unreachable", backend=self.name, address=self.address)
-            self._state = BackendState(name=self.name, model=self.model.id, healthy=False)
+            self._state = BackendState(name=self.name, model=self.model.id, healthy=False,
+                                       preemptions=self._state.preemptions)  # a counter: kept while unreachable
             return
         self._state = BackendState(
             name=self.name, model=self.model.id, healthy=r.healthy, draining=r.draining,
             outstanding_requests=r.outstanding_requests, outstanding_tokens=r.outstanding_tokens,
             queue_depth=r.queue_depth, kv_blocks_used=r.kv_blocks_used, kv_blocks_total=r.kv_blocks_total,
             recent_latency_s=r.recent_latency_s if r.HasField("recent_latency_s") else None,
-            tokens_per_s=r.tokens_per_s)
+            tokens_per_s=r.tokens_per_s, preemptions=r.preemptions)

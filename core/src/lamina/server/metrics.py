@@ -183,6 +183,9 @@ class Metrics:
         self.e2e = prometheus_client.Histogram(
             "lamina_e2e_request_latency_seconds", "End-to-end request latency.", ["arm"], buckets=LATENCY_BUCKETS,
             registry=r)
+        self.queue_time = prometheus_client.Histogram(
+            "lamina_request_queue_time_seconds", "Time a finished request waited in its executor before its "
+            "prefill started (0 from executors that do not queue).", ["arm"], buckets=LATENCY_BUCKETS, registry=r)
         self.aborts = prometheus_client.Counter(
             "lamina_request_aborts", "Requests aborted before they finished, by reason (client_gone; queue_timeout: "
             "waited longer than max_queue_wait_s to start; shutdown: still running when the drain ran out).",
@@ -238,6 +241,7 @@ class Metrics:
         if ctx.finished_at is not None:
             self.e2e.labels(arm).observe(ctx.finished_at - ctx.received_at)
         if ctx.usage is not None:
+            self.queue_time.labels(arm).observe(ctx.usage.queue_s)
             self.prompt_tokens.labels(ctx.tenant, arm).inc(ctx.usage.prompt_tokens)
             self.generation_tokens.labels(ctx.tenant, arm).inc(ctx.usage.completion_tokens)
 
