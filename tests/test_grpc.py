@@ -13,10 +13,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from lamina.plugins import load_plugins
+from lamina.remote import RemoteExecutor
 from lamina.server import grpc_service
 from lamina.server.grpc_service import InferenceService, start_grpc
 from lamina.server.proto.lamina.v1 import inference_pb2 as pb
 from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
+from lamina.server.queue_wait import MAX_QUEUE_WAIT_HEADER
 from lamina.stack import Stack
 from lamina.stack_config import StackConfig
 from lamina_hookspecs import hookimpl
@@ -30,8 +32,8 @@ WORDS = " ".join(f"w{i}" for i in range(30))
 class Live:
     """A started stack served over gRPC on a free loopback port, and a channel to it."""
 
-    def __init__(self, stack: Stack, service: InferenceService, channel: grpc.aio.Channel) -> None:
-        self.stack, self.service, self.channel = stack, service, channel
+    def __init__(self, stack: Stack, service: InferenceService, channel: grpc.aio.Channel, address: str) -> None:
+        self.stack, self.service, self.channel, self.address = stack, service, channel, address
         self.stub = pb_grpc.InferenceStub(channel)
 
     def running(self) -> int:
@@ -55,7 +57,7 @@ async def serving(config: dict[str, Any], *extra: tuple[str, object]) -> AsyncIt
     server, port = await start_grpc(service, "127.0.0.1", 0)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            yield Live(stack, service, channel)
+            yield Live(stack, service, channel, f"127.0.0.1:{port}")
     finally:
         await service.drain()
         await server.stop(None)
@@ -272,6 +274,57 @@ def test_health_follows_the_executors(monkeypatch: pytest.MonkeyPatch) -> None:
             await asyncio.sleep(0.01)
 
     run({"executor": {"use": "flaky"}}, scenario, ("flaky", flaky))
+
+
+class Recording:
+    """An executor that answers one token and keeps the requests it was given."""
+
+    model = ModelInfo(id="recording", context_length=100)
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def state(self) -> BackendState:
+        return BackendState(name="recording", model="recording")
+
+    async def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
+        self.requests.append(request)
+        yield TokenChunk(request_id=request.id, index=0, token_ids=(1,), text="ok", finish_reason="stop")
+
+    @hookimpl
+    def lamina_register_executors(self, register: Any) -> None:
+        register("recording", lambda options, context: self)
+
+
+def test_the_clients_queue_wait_bound_reaches_the_executor_and_a_gateways_workers() -> None:
+    """``x-lamina-max-queue-wait`` metadata becomes the request's ``max_queue_wait_s``; a remote
+    backend forwards it; a value that is not a positive number is INVALID_ARGUMENT naming it."""
+    recording = Recording()
+
+    async def scenario(live: Live) -> None:
+        call = live.stub.Generate(pb.GenerateRequest(model="recording", text="hi"),
+                                  metadata=((MAX_QUEUE_WAIT_HEADER, "2.5"),))
+        assert [c.text async for c in call] == ["ok"]
+        assert [c.text async for c in live.stub.Generate(pb.GenerateRequest(model="recording", text="hi"))] == ["ok"]
+        assert [r.max_queue_wait_s for r in recording.requests] == [2.5, None]
+        with pytest.raises(grpc.aio.AioRpcError) as bad:
+            [c async for c in live.stub.Generate(pb.GenerateRequest(model="recording", text="hi"),
+                                                 metadata=((MAX_QUEUE_WAIT_HEADER, "-1"),))]
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT and MAX_QUEUE_WAIT_HEADER in bad.value.details()
+        remote = RemoteExecutor("w", live.address, connect_timeout_s=5)
+        await remote.start()
+        try:
+            request = Request(id="r1", model="recording", prompt="hi", max_queue_wait_s=0.75)
+            assert [c.text async for c in remote.generate(request)] == ["ok"]
+        finally:
+            await remote.stop()
+        assert recording.requests[-1].max_queue_wait_s == 0.75
+
+    run({"executor": {"use": "recording"}}, scenario, ("recording", recording))
 
 
 def test_get_state_reports_the_executors_state() -> None:

@@ -79,6 +79,10 @@ CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
     ("completions", {"content": b"prompt=hi", "headers": {"content-type": "text/plain"}}, 415, None),
     ("completions", {"json": {"model": "echo", "prompt": "x"}, "headers": {"accept": "application/x-nope"}}, 406,
      None),
+    ("chat/completions", {"json": CHAT, "headers": {"x-lamina-max-queue-wait": "soon"}}, 400,
+     "x-lamina-max-queue-wait"),
+    ("chat/completions", {"json": CHAT, "headers": {"x-lamina-max-queue-wait": "0"}}, 400,
+     "x-lamina-max-queue-wait"),
 ])
 def test_bad_input_gets_the_right_status_and_an_openai_error_body(echo: Any, path: str, send: dict[str, Any],
                                                                   status: int, param: str | None) -> None:

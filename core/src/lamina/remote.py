@@ -36,6 +36,7 @@ from lamina.admission import BYTES_PER_TOKEN
 from lamina.server.convert import TENANT_METADATA, from_proto, to_proto_request
 from lamina.server.proto.lamina.v1 import inference_pb2 as pb
 from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
+from lamina.server.queue_wait import MAX_QUEUE_WAIT_HEADER
 
 log = structlog.get_logger(__name__)
 
@@ -125,7 +126,10 @@ class RemoteExecutor:
     async def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
         if self._stub is None:
             raise BackendLostError(f"backend {self.name} is not started")
-        call = self._stub.Generate(to_proto_request(request), metadata=((TENANT_METADATA, request.tenant),))
+        metadata = [(TENANT_METADATA, request.tenant)]
+        if request.max_queue_wait_s is not None:
+            metadata.append((MAX_QUEUE_WAIT_HEADER, repr(request.max_queue_wait_s)))
+        call = self._stub.Generate(to_proto_request(request), metadata=metadata)
         stream = object()
         self._in_flight += 1
         self._tokens[stream] = _estimate(request, self.model.context_length)

@@ -62,6 +62,9 @@ class Request:
 
     Exactly one of ``prompt`` (text), ``prompt_token_ids`` or ``messages`` (chat) is set.
     ``tenant`` is the isolation key (from the API key), ``user`` the client's own label.
+    ``max_queue_wait_s`` is the longest the client will wait for the request to start (the
+    ``X-Lamina-Max-Queue-Wait`` header); an executor that queues holds it to the tighter of
+    this and its own bound.
     """
 
     id: str
@@ -78,6 +81,7 @@ class Request:
     user: str | None = None
     stream: bool = True
     arrival_time: float = attrs.field(factory=time.monotonic)
+    max_queue_wait_s: float | None = None
 
     def __attrs_post_init__(self) -> None:
         given = [f for f in ("prompt", "prompt_token_ids", "messages") if getattr(self, f) is not None]

@@ -206,11 +206,12 @@ def test_bad_requests_get_clear_errors(tiny_gguf: Path) -> None:
 
 def test_a_request_that_waits_past_max_queue_wait_s_fails_and_an_overloaded_queue_refuses_at_once(
         tiny_gguf: Path) -> None:
-    """One batch slot, held by a long request: a second one waits past ``max_queue_wait_s`` and gets
-    503 ``queue_timeout`` (holding no KV block, nothing left queued); once requests have started
-    at a known rate, a queue that means a longer wait than the bound refuses a new one at once."""
+    """One batch slot, held by a long request: a second one waits past its ``max_queue_wait_s`` (the
+    client's, tighter than the executor's) and gets 503 ``queue_timeout`` (holding no KV block,
+    nothing left queued); once requests have started at a known rate, a queue that means a longer
+    wait than the executor's bound refuses a new one at once."""
     async def go() -> None:
-        executor = await started(tiny_gguf, max_batch=1, max_model_len=256, max_queue_wait_s=0.3)
+        executor = await started(tiny_gguf, max_batch=1, max_model_len=256, max_queue_wait_s=5.0)
         model = executor.model.id
         decode = executor.engine.runner.decode
 
@@ -226,7 +227,8 @@ def test_a_request_that_waits_past_max_queue_wait_s_fails_and_an_overloaded_queu
         loop = asyncio.get_running_loop()
         submitted = loop.time()
         with pytest.raises(ServiceUnavailableError) as failed:
-            await collect(executor, Request(id="b", model=model, prompt="b", sampling=SamplingParams(max_tokens=5)))
+            await collect(executor, Request(id="b", model=model, prompt="b", sampling=SamplingParams(max_tokens=5),
+                                            max_queue_wait_s=0.3))
         waited = loop.time() - submitted
         assert failed.value.code == "queue_timeout" and failed.value.retry_after == 0.3
         assert 0.3 <= waited < 2.0, waited

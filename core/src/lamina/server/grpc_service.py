@@ -53,6 +53,7 @@ from lamina.server.convert import TENANT_METADATA, to_proto
 from lamina.server.openai_api import parse_chat, parse_completion
 from lamina.server.proto.lamina.v1 import inference_pb2 as pb
 from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
+from lamina.server.queue_wait import MAX_QUEUE_WAIT_HEADER, bounded, max_queue_wait
 from lamina.stack import Stack
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Inference"].full_name
@@ -215,7 +216,8 @@ class InferenceService(pb_grpc.InferenceServicer):
             if self.trust_tenant and metadata.get(TENANT_METADATA):
                 ctx.tenant = metadata[TENANT_METADATA]
             parse = parse_chat if kind == "chat" else parse_completion
-            chunks = run_request(self.stack, ctx, body, lambda b: parse(b, request_id, ctx.tenant))
+            wait = max_queue_wait(metadata.get(MAX_QUEUE_WAIT_HEADER))
+            chunks = run_request(self.stack, ctx, body, lambda b: bounded(parse(b, request_id, ctx.tenant), wait))
             async with contextlib.aclosing(chunks):  # type: ignore[type-var]
                 while (chunk := await flight.next(chunks)) is not None:
                     await context.write(write(chunk))

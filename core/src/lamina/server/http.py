@@ -47,6 +47,7 @@ from lamina.lifecycle import trace_context
 from lamina.pipeline import run_request
 from lamina.server.metrics import Metrics
 from lamina.server.openai_api import completion_body, parse_chat, parse_completion
+from lamina.server.queue_wait import MAX_QUEUE_WAIT_HEADER, bounded, max_queue_wait
 from lamina.stack import Stack
 
 log = structlog.get_logger(__name__)
@@ -238,10 +239,11 @@ class Server:
                 raise ServiceUnavailableError("the server is shutting down", code="draining", retry_after=5)
             body = await self._read_json(http)
             codec = self._negotiate(http.headers.get("accept", ""))
+            wait = max_queue_wait(http.headers.get(MAX_QUEUE_WAIT_HEADER))
         except LaminaError as error:
             self.metrics.rejected(kind, error.http_status, ctx.tenant)
             return error_response(error, ctx.request_id)
-        chunks = run_request(self.stack, ctx, body, lambda b: parse(b, ctx.request_id, ctx.tenant))
+        chunks = run_request(self.stack, ctx, body, lambda b: bounded(parse(b, ctx.request_id, ctx.tenant), wait))
         self.in_flight += 1
         try:
             first = await while_connected(http, self._output(ctx, anext(chunks)))

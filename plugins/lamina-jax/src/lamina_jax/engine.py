@@ -23,7 +23,7 @@ start. A policy must stop holding once the oldest request has waited its window,
 request is delayed by at most that window, never stalled. Contextvars do not cross into this
 thread, so every log line names the request id explicitly.
 
-With ``max_queue_wait_s``, a request that has not started (no prefill chunk) that long after its
+A sequence with a ``max_queue_wait_s`` that has not started (no prefill chunk) that long after its
 submission fails with 503 ``queue_timeout`` between steps; `expected_wait_s` lets the executor
 refuse one at once when the queue ahead of it already means a longer wait.
 
@@ -80,9 +80,8 @@ class Engine:
     """Steps a model over a continuously changing batch on its own thread."""
 
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer: GGUFTokenizer, *,
-                 max_model_len: int, max_queue_wait_s: float | None = None) -> None:
+                 max_model_len: int) -> None:
         self.runner, self.scheduler = runner, scheduler
-        self.max_queue_wait_s = max_queue_wait_s
         self.outputs = OutputProcessor(tokenizer, max_model_len=max_model_len)
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -100,7 +99,7 @@ class Engine:
         self.starts = SpacedRate()
         """Requests that got their first prefill chunk, per second."""
         self.queue_timeouts = 0
-        """Requests failed for waiting longer than ``max_queue_wait_s`` to start."""
+        """Requests failed for waiting longer than their ``max_queue_wait_s`` to start."""
 
     # -- called from the event loop ---------------------------------------------------
 
@@ -181,16 +180,14 @@ class Engine:
                 self.outputs.drop(arg)
 
     def _expire(self, now: float) -> None:
-        """Fail the requests that waited longer than ``max_queue_wait_s`` to start (503 ``queue_timeout``)."""
-        if self.max_queue_wait_s is None:
-            return
-        for seq in self.scheduler.expire(now, self.max_queue_wait_s):
+        """Fail the requests that waited longer than their ``max_queue_wait_s`` to start (503 ``queue_timeout``)."""
+        for seq in self.scheduler.expire(now):
             self.queue_timeouts += 1
-            waited = now - seq.submitted_at
+            waited, bound = now - seq.submitted_at, seq.max_queue_wait_s
             log.info("request_queue_timeout", request_id=seq.request_id, waited_s=round(waited, 2))
             seq.emit(ServiceUnavailableError(
-                f"the request waited {waited:.1f} s to start, longer than max_queue_wait_s "
-                f"({self.max_queue_wait_s:g} s)", code="queue_timeout", retry_after=self.max_queue_wait_s))
+                f"the request waited {waited:.1f} s to start, longer than its max_queue_wait_s ({bound:g} s)",
+                code="queue_timeout", retry_after=bound))
             self.outputs.drop(seq)
 
     def _prewarm(self, now: float) -> None:

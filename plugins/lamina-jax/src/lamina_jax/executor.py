@@ -1,8 +1,9 @@
 """The ``jax`` executor: the Executor protocol over the engine thread.
 
 ``generate`` tokenizes on the event loop (the chat template for messages), checks the
-request against the context window, the KV pool and the queue's bounds (its length, and with
-``max_queue_wait_s`` the wait the queue ahead already means), and returns an async
+request against the context window, the KV pool and the queue's bounds (its length, and with a
+``max_queue_wait_s``, the option's or the tighter one the request carries, the wait the queue
+ahead already means), and returns an async
 iterator fed by the engine thread through an ``asyncio.Queue``. Closing it early aborts the
 request in the engine, which frees its KV blocks at the next step boundary.
 """
@@ -96,8 +97,7 @@ class JaxExecutor:
         log.info("model_loaded", model=self.model.id, path=str(self.path), layers=config.n_layers,
                  kv_blocks=num_blocks, kv_dtype=options.kv_dtype, block_size=options.block_size,
                  max_model_len=max_len)
-        return Engine(runner, scheduler, self.tokenizer, max_model_len=max_len,
-                      max_queue_wait_s=options.max_queue_wait_s)
+        return Engine(runner, scheduler, self.tokenizer, max_model_len=max_len)
 
     def _weights(self, params: LlamaParams, config: LlamaConfig, shapes: list[tuple[str, int]],
                  ) -> tuple[LlamaParams, LlamaConfig, dict[tuple[str, int], tuple[LlamaParams, LlamaConfig]]]:
@@ -174,13 +174,14 @@ class JaxExecutor:
         if engine.num_waiting >= self.options.max_queue:
             raise ServiceUnavailableError(f"the request queue is full ({self.options.max_queue} waiting)",
                                           code="queue_full", retry_after=1)
-        bound = self.options.max_queue_wait_s
+        bounds = [b for b in (self.options.max_queue_wait_s, request.max_queue_wait_s) if b is not None]
+        bound = min(bounds) if bounds else None
         if bound is not None and (expected := engine.expected_wait_s()) > bound:
             raise ServiceUnavailableError(
                 f"the server is overloaded: a new request would wait about {expected:.0f} s to start, longer than "
                 f"max_queue_wait_s ({bound:g} s)", code="overloaded", retry_after=min(expected, 60.0))
-        return self._stream(engine, attrs.evolve(request, sampling=attrs.evolve(request.sampling, max_tokens=budget)),
-                            ids)
+        return self._stream(engine, attrs.evolve(request, max_queue_wait_s=bound,
+                                                 sampling=attrs.evolve(request.sampling, max_tokens=budget)), ids)
 
     async def _stream(self, engine: Engine, request: Request, ids: list[int]) -> AsyncIterator[TokenChunk]:
         loop = asyncio.get_running_loop()
@@ -193,7 +194,8 @@ class JaxExecutor:
                 pass
 
         seq = Sequence(request_id=request.id, prompt_ids=ids, sampling=request.sampling, emit=emit,
-                       key=request_key(request.sampling.seed), salt=request.tenant.encode())
+                       key=request_key(request.sampling.seed), salt=request.tenant.encode(),
+                       max_queue_wait_s=request.max_queue_wait_s)
         tokens = len(ids) + (request.sampling.max_tokens or 0)
         self._outstanding += 1
         self._outstanding_tokens += tokens

@@ -125,11 +125,12 @@ class Scheduler:
                 return True
         return False
 
-    def expire(self, now: float, max_wait_s: float) -> list[Sequence]:
+    def expire(self, now: float) -> list[Sequence]:
         """Take out and return the waiting sequences that have not started (no prefill chunk yet)
-        and were submitted more than ``max_wait_s`` before ``now``."""
+        and were submitted more than their ``max_queue_wait_s`` before ``now``."""
         expired = [seq for seq in self.waiting
-                   if seq.queue_s is None and not seq.warm and now - seq.submitted_at > max_wait_s]
+                   if seq.queue_s is None and seq.max_queue_wait_s is not None
+                   and now - seq.submitted_at > seq.max_queue_wait_s]
         for seq in expired:
             self.remove(seq)
         return expired

@@ -18,7 +18,8 @@ class Sequence:
 
     ``num_computed`` tokens of ``prompt_ids + output_ids`` have their K/V in ``blocks``. A
     decoding sequence has all but its last token computed; that token is the next input.
-    ``queue_s`` is how long it waited from submission to its first prefill chunk. A ``warm``
+    ``queue_s`` is how long it waited from submission to its first prefill chunk; one that has not
+    started ``max_queue_wait_s`` after submission is failed (`Scheduler.expire`). A ``warm``
     sequence computes a pre-warm prefix for the cache; nobody reads its output.
     """
 
@@ -35,6 +36,7 @@ class Sequence:
     num_computed: int = 0
     submitted_at: float = attrs.field(factory=time.monotonic)
     queue_s: float | None = None
+    max_queue_wait_s: float | None = None
     warm: bool = False
 
     @property
