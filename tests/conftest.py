@@ -22,7 +22,7 @@ class Live:
     def __init__(self, config: dict[str, Any], extra: tuple[tuple[str, object], ...] = ()) -> None:
         plugins = load_plugins(extra=extra)
         self.stack = Stack(StackConfig.from_dict(config, plugins.registry), plugins)
-        self.http = Server(self.stack, max_body_bytes=self.stack.config.server.max_body_bytes)
+        self.http = Server(self.stack)
         self.server = uvicorn.Server(uvicorn.Config(build_app(self.stack, self.http), host="127.0.0.1", port=0,
                                                     log_config=None, access_log=False))
         self.thread = threading.Thread(target=self.server.run, daemon=True)

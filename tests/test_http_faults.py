@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -55,7 +57,8 @@ def echo_client() -> Any:
         yield client
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
+@settings(max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=bodies, chat=st.booleans())
 def test_fuzzed_bodies_never_get_a_5xx(echo_client: TestClient, body: Any, chat: bool) -> None:
     response = echo_client.post("/v1/chat/completions" if chat else "/v1/completions", json=body)
@@ -130,6 +133,34 @@ def test_non_streamed_requests_whose_clients_leave_are_aborted_within_a_second(l
     assert executor.engine.scheduler.running == [] and not executor.engine.scheduler.waiting
     metrics = httpx.get(f"{server.url}/metrics").text
     assert 'lamina_request_aborts_total{reason="client_gone"} 20.0' in metrics
+
+
+def test_a_client_that_stops_reading_is_aborted_past_the_stream_buffer_and_slows_no_one(live: Any) -> None:
+    """A stream whose client reads nothing (a small receive window) is aborted once the server holds
+    ``stream_buffer_bytes`` of it, counted as ``slow_client``; a stream beside it is not held up."""
+    server = live({"executor": {"use": "echo", "context_length": 400_000},
+                   "server": {"stream_buffer_bytes": 64 * 1024}})
+    executor = server.stack.backends["local"]
+    body = orjson.dumps({"model": "echo", "prompt": "a b c", "max_tokens": 300_000, "ignore_eos": True,
+                         "stream": True})
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.socket() as stalled:
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.connect(("127.0.0.1", port))
+        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                        b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 30
+        while 'reason="slow_client"' not in (metrics := httpx.get(f"{server.url}/metrics").text):
+            assert time.monotonic() < deadline, "the stalled stream was never aborted"
+            time.sleep(0.05)
+        assert 'lamina_request_aborts_total{reason="slow_client"} 1.0' in metrics
+        started = time.monotonic()
+        reply = httpx.post(f"{server.url}/v1/completions", json={"model": "echo", "prompt": "x y", "stream": True})
+        assert reply.status_code == 200 and reply.content.endswith(b"data: [DONE]\n\n")
+        assert time.monotonic() - started < 2.0
+        while executor.state().outstanding_requests:
+            assert time.monotonic() < deadline, executor.state()
+            time.sleep(0.02)
 
 
 @contextlib.contextmanager

@@ -98,6 +98,11 @@ class ServerConfig:
     max_body_bytes: int = attrs.field(
         default=1 << 20, validator=attrs.validators.ge(1024), metadata={"help": "largest request body accepted"},
     )
+    stream_buffer_bytes: int = attrs.field(
+        default=1 << 20, validator=attrs.validators.ge(1024), metadata={
+            "help": "most encoded bytes a stream may hold for a client that reads slower than tokens come; "
+                    "past it the stream is aborted (counted as slow_client)"},
+    )
 
 
 @attrs.frozen(kw_only=True)

@@ -40,7 +40,7 @@ from lamina_hookspecs.errors import (
     ServiceUnavailableError,
     UnsupportedMediaTypeError,
 )
-from lamina_hookspecs.protocols import Codec
+from lamina_hookspecs.protocols import Codec, StreamEncoder
 from lamina_hookspecs.types import Request, RequestContext, StreamError, StreamMeta, TokenChunk
 from lamina.admission import bearer_token
 from lamina.lifecycle import trace_context
@@ -60,6 +60,29 @@ _T = TypeVar("_T")
 SHUT_DOWN = ServiceUnavailableError("the server shut down before the request finished", code="shutdown",
                                     retry_after=5)
 """The answer to a request still in flight when draining ran out of time."""
+
+
+class _StreamBuffer:
+    """A stream's encoded output waiting for its client: ``(bytes, has tokens)`` items, then ``None``.
+    Past ``limit`` bytes held it is ``overflowed`` and takes no more."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held, self.overflowed = limit, 0, False
+        self._items: asyncio.Queue[tuple[bytes, bool] | None] = asyncio.Queue()
+
+    def put(self, data: bytes, has_tokens: bool = False) -> None:
+        self.held += len(data)
+        self.overflowed = self.held > self.limit
+        self._items.put_nowait((data, has_tokens))
+
+    def end(self) -> None:
+        self._items.put_nowait(None)
+
+    async def get(self) -> tuple[bytes, bool] | None:
+        item = await self._items.get()
+        if item is not None:
+            self.held -= len(item[0])
+        return item
 
 
 class ClientGone(Exception):
@@ -114,9 +137,10 @@ async def _rest(chunks: AsyncIterator[TokenChunk]) -> list[TokenChunk]:
 class Server:
     """Routes and per-server state (draining flag, in-flight count) for one stack."""
 
-    def __init__(self, stack: Stack, *, max_body_bytes: int = 1 << 20) -> None:
+    def __init__(self, stack: Stack) -> None:
         self.stack = stack
-        self.max_body_bytes = max_body_bytes
+        self.max_body_bytes = stack.config.server.max_body_bytes
+        self.stream_buffer_bytes = stack.config.server.stream_buffer_bytes
         self.metrics = Metrics(stack)
         stack.pm.register(self.metrics, name="lamina.metrics")
         self.draining = False
@@ -298,32 +322,50 @@ class Server:
 
     async def _stream(self, codec: Codec, meta: StreamMeta, ctx: RequestContext, first: TokenChunk,
                       chunks: AsyncIterator[TokenChunk]) -> AsyncIterator[bytes]:
-        encoder = codec.encoder()
-        ended = first.finish_reason is not None
+        """The encoded stream, read ahead of the client (`_read_ahead`) so that the request's
+        executor never waits on a socket; a client that falls `stream_buffer_bytes` behind is
+        aborted (``slow_client``): its engine work is freed and what it holds is bounded."""
+        buffer = _StreamBuffer(self.stream_buffer_bytes)
+        reader = asyncio.ensure_future(self._read_ahead(codec.encoder(), meta, ctx, first, chunks, buffer))
         try:
-            yield encoder.header(meta) + encoder.chunk(first)
             last = time.monotonic()
-            while not ended:
+            while (item := await buffer.get()) is not None:
+                data, has_tokens = item
+                yield data
+                now = time.monotonic()
+                if has_tokens:
+                    self.metrics.inter_token(ctx, now - last)
+                last = now
+        finally:
+            if not reader.done():  # the client left while the request ran
+                reader.cancel()
+                self.metrics.aborted("client_gone")
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _read_ahead(self, encoder: StreamEncoder, meta: StreamMeta, ctx: RequestContext, first: TokenChunk,
+                          chunks: AsyncIterator[TokenChunk], buffer: _StreamBuffer) -> None:
+        """Encode ``chunks`` into ``buffer`` as they come, then end it; on overflow, abort them."""
+        try:
+            buffer.put(encoder.header(meta) + encoder.chunk(first), bool(first.token_ids))
+            ended = first.finish_reason is not None
+            while not ended and not buffer.overflowed:
                 try:
                     chunk = await self._output(ctx, anext(chunks))
                 except StopAsyncIteration:
                     break
                 ended = chunk.finish_reason is not None
-                yield encoder.chunk(chunk)
-                now = time.monotonic()
-                if chunk.token_ids:
-                    self.metrics.inter_token(ctx, now - last)
-                last = now
+                buffer.put(encoder.chunk(chunk), bool(chunk.token_ids))
+            if buffer.overflowed and not ended:
+                log.warning("stream_aborted_slow_client", held_bytes=buffer.held, limit_bytes=buffer.limit)
+                self.metrics.aborted("slow_client")
         except LaminaError as error:
-            ended = True
-            yield encoder.error(StreamError(message=error.message, type=error.openai_type, code=error.code))
+            buffer.put(encoder.error(StreamError(message=error.message, type=error.openai_type, code=error.code)))
         except asyncio.CancelledError:
             if not self._stopped():
                 raise
-            ended = True
-            yield encoder.error(StreamError(message=SHUT_DOWN.message, type=SHUT_DOWN.openai_type, code=SHUT_DOWN.code))
+            buffer.put(encoder.error(StreamError(message=SHUT_DOWN.message, type=SHUT_DOWN.openai_type,
+                                                 code=SHUT_DOWN.code)))
         finally:
             self.in_flight -= 1
+            buffer.end()
             await chunks.aclose()  # type: ignore[attr-defined]
-            if not ended:  # the server stopped the stream early: its client left
-                self.metrics.aborted("client_gone")

@@ -146,7 +146,7 @@ def serve(stack: Stack) -> int:
     """Serve ``stack`` as its ``[server]`` settings say until SIGTERM/SIGINT; returns the exit status."""
     settings = stack.config.server
     host, port = settings.host, settings.port
-    http = Server(stack, max_body_bytes=settings.max_body_bytes)
+    http = Server(stack)
     grpc = InferenceService(stack) if settings.grpc else None
     app = build_app(stack, http, grpc)
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
