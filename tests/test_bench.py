@@ -59,6 +59,7 @@ def test_open_loop_and_errors_counted(live) -> None:
     s = bad["levels"][0]["summaries"]["a"]
     assert s["failed"] == 3 and s["errors"] == {"http_400": 3}
     assert all("context" in r["message"] for r in bad["records"])
+    assert all(r["code"] == "context_length_exceeded" and 0 < r["error_s"] < 5 for r in bad["records"])
     # a port with nothing listening
     dead = run_bench(BenchConfig(targets=[Target("a", "http://127.0.0.1:9")], model="echo", num_requests=2,
                                  warmup=0, progress=False))

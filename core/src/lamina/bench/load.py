@@ -78,6 +78,10 @@ class Record:
     """The error's kind: ``http_<status>``, ``timeout``, ``connect``, ``transport``, ``stream_error``,
     ``bad_response``, ``empty_output``."""
     message: str | None = None
+    code: str | None = None
+    """The ``code`` of the server's error body (``queue_full``, ``queue_timeout``, ...), if it sent one."""
+    error_s: float | None = None
+    """Seconds from sending until the error status came back (an HTTP error only)."""
     ttft: float | None = None
     e2e: float | None = None
     itl: list[float] = field(default_factory=list)
@@ -113,6 +117,8 @@ class Endpoint:
     ignore_eos: bool = True
     extra_body: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 300.0
+    """httpx's timeout for each step (connecting, the response's headers, each read)."""
+    extra_headers: dict[str, str] = field(default_factory=dict)
 
     def path_and_body(self, request: BenchRequest) -> tuple[str, dict[str, Any]]:
         body: dict[str, Any] = {"model": self.model, "max_tokens": request.max_tokens, "stream": True,
@@ -126,15 +132,23 @@ class Endpoint:
         return "/v1/completions", {**body, "prompt": request.completion_prompt()}
 
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        auth = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return {**self.extra_headers, **auth}
+
+
+def _error(content: bytes) -> dict[str, Any] | None:
+    try:
+        error = orjson.loads(content)["error"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+    return error if isinstance(error, dict) else None
 
 
 def _error_text(content: bytes) -> str:
-    try:
-        error = orjson.loads(content)["error"]
-        return f"{error.get('type', '')}: {error.get('message', '')}".strip(": ")
-    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+    error = _error(content)
+    if error is None:
         return content[:300].decode("utf-8", "replace")
+    return f"{error.get('type', '')}: {error.get('message', '')}".strip(": ")
 
 
 def _chunk_text(payload: dict[str, Any]) -> str:
@@ -159,8 +173,11 @@ async def send(client: httpx.AsyncClient, endpoint: Endpoint, request: BenchRequ
         async with client.stream("POST", endpoint.url.rstrip("/") + path, json=body, headers=endpoint.headers(),
                                  timeout=endpoint.timeout_s) as response:
             if response.status_code != 200:
-                record.error = f"http_{response.status_code}"
-                record.message = _error_text(await response.aread())
+                content = await response.aread()
+                record.error_s = time.perf_counter() - began
+                record.error, record.message = f"http_{response.status_code}", _error_text(content)
+                code = (_error(content) or {}).get("code")
+                record.code = None if code is None else str(code)
                 return record
             async for line in response.aiter_lines():
                 if not line.startswith("data:"):
