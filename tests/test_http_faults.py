@@ -1,4 +1,4 @@
-"""Faults: fuzzed bodies, clients that hang up mid-stream, and draining on SIGTERM."""
+"""Faults: fuzzed bodies, clients that hang up mid-stream or stop reading, and draining on SIGTERM (server and worker)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import orjson
 import pytest
@@ -25,6 +26,8 @@ from starlette.testclient import TestClient
 
 from lamina.plugins import load_plugins
 from lamina.server.http import Server
+from lamina.server.proto.lamina.v1 import inference_pb2 as pb
+from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
 from lamina.stack import Stack
 from lamina.stack_config import StackConfig
 
@@ -236,4 +239,41 @@ def test_requests_outlasting_the_drain_are_answered_503_shutdown_in_one_log_line
     text = log_path.read_text()
     drained = [line for line in text.splitlines() if "drained" in line]
     assert len(drained) == 1 and "aborted=2" in drained[0].replace('"', "").replace(": ", "="), text[-3000:]
+    assert "Traceback" not in text and "CancelledError" not in text, text
+
+
+def test_a_worker_outlasted_by_its_requests_drains_them_in_one_log_line_and_exits_zero(tmp_path: Path) -> None:
+    """``lamina worker`` on SIGTERM: a gRPC stream longer than ``drain_timeout_s`` is aborted when it runs
+    out (the stream ends with ``finish_reason = "abort"``), one ``drained`` line counts it, no
+    traceback is logged, and the process exits 0."""
+    stack = tmp_path / "slow-echo.toml"
+    stack.write_text('[executor]\nuse = "echo"\ntoken_delay_s = 0.2\n[server]\ndrain_timeout_s = 0.5\n')
+    port = free_port()
+    log_path = tmp_path / "worker.log"
+    words = " ".join(f"w{i}" for i in range(40))  # 40 tokens x 0.2 s: about 8 s
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "lamina.cli", "worker", str(stack), "--port", str(port)],
+                                   stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            async def stream() -> list[pb.GenerateChunk]:
+                async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                    await asyncio.wait_for(channel.channel_ready(), 60)
+                    call = pb_grpc.InferenceStub(channel).Generate(pb.GenerateRequest(model="echo", text=words))
+                    chunks = [await call.read()]
+                    process.send_signal(signal.SIGTERM)
+                    while (chunk := await call.read()) is not grpc.aio.EOF:
+                        chunks.append(chunk)
+                    return chunks
+
+            started = time.monotonic()
+            chunks = asyncio.run(stream())
+            assert time.monotonic() - started < 60 and process.wait(timeout=30) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert chunks[0].text.strip() == "w0" and chunks[-1].finish_reason == "abort" and len(chunks) < 40
+    text = log_path.read_text()
+    drained = [line for line in text.splitlines() if "drained" in line]
+    assert len(drained) == 1 and "aborted=1" in drained[0].replace('"', "").replace(": ", "="), text[-3000:]
     assert "Traceback" not in text and "CancelledError" not in text, text
