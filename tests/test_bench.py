@@ -80,7 +80,8 @@ def test_ab_ratio_reflects_token_delay(live, tmp_path) -> None:
     assert next(r["target"] for r in result["records"] if r["round"] == 1 and not r["warmup"]) == "slow"  # B A
     c = level["comparisons"]["slow"]
     assert 2.5 <= c["itl_p50"]["ratio"] <= 3.3 and c["itl_p50"]["ci_low"] > 2.0
-    assert 2.0 <= c["ttft_p50"]["ratio"] <= 3.5
+    # TTFT is the first token's delay plus the request's fixed cost (8-10 ms on 2 busy cores), so below 3x
+    assert 1.5 <= c["ttft_p50"]["ratio"] <= 3.5
     assert 0.25 <= c["output_throughput"]["ratio"] <= 0.45
     assert level["summaries"]["fast"]["goodput"] > 0 and level["summaries"]["slow"]["good"] == 0
     assert "fast" in (tmp_path / "ab.html").read_text()
