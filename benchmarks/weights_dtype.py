@@ -13,8 +13,9 @@ the model functions of ``lamina_jax`` (the helpers of ``kv_dtype.py``):
 2. greedy-token agreement with float32: prompts of 32 tokens, 32 greedy tokens each, decoded 16 or
    more at a time (100 prompts; 10 with ``--quick``);
 3. decode tok/s at 16 streams;
-4. the start-up measurement of ``weights_dtype = "auto"`` (one layer's projections at every row
-   count the executor compiles) and the format it picks for each.
+4. the start-up measurement of ``weights_dtype = "auto"`` (a step's matrix products, estimated from
+   a few layers and the output head, at every row count the executor compiles) and the format it
+   picks for each (``weights_choice.py`` checks those picks against the real decode step).
 
 Run::
 
@@ -96,7 +97,7 @@ def main() -> None:
         print(f"{dtype:<13} {row['perplexity']:>8.3f} {row['perplexity_delta_pct']:>+8.2f} "
               f"{'ok' if row['passes_gate'] else 'FAIL':>5} {row['greedy_agreement']:>7.3f} "
               f"{row['identical_continuations']:>4}/{len(agree_prompts):<3} {row['decode_tok_s_16_streams']:>9.1f}")
-    print(f"\n'auto' at start-up: ms per layer's projections, and the choice among {', '.join(auto)}")
+    print(f"\n'auto' at start-up: estimated ms of a step's products, and the choice among {', '.join(auto)}")
     for n in rows:
         print(f"  {n:>4} rows: " + "  ".join(f"{fmt} {t * 1e3:7.3f}" for fmt, t in timings[n].items())
               + f"  -> {chosen[n]}")
