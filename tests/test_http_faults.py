@@ -140,7 +140,8 @@ def test_non_streamed_requests_whose_clients_leave_are_aborted_within_a_second(l
 
 def test_a_client_that_stops_reading_is_aborted_past_the_stream_buffer_and_slows_no_one(live: Any) -> None:
     """A stream whose client reads nothing (a small receive window) is aborted once the server holds
-    ``stream_buffer_bytes`` of it, counted as ``slow_client``; a stream beside it is not held up."""
+    ``stream_buffer_bytes`` of it, counted as ``slow_client``, and ends with an error event saying so;
+    a stream beside it is not held up."""
     server = live({"executor": {"use": "echo", "context_length": 400_000},
                    "server": {"stream_buffer_bytes": 64 * 1024}})
     executor = server.stack.backends["local"]
@@ -164,6 +165,12 @@ def test_a_client_that_stops_reading_is_aborted_past_the_stream_buffer_and_slows
         while executor.state().outstanding_requests:
             assert time.monotonic() < deadline, executor.state()
             time.sleep(0.02)
+        stalled.settimeout(10)
+        tail = b""
+        while b"slow_client" not in tail:  # once the client reads again, the stream ends with an error event
+            data = stalled.recv(1 << 16)
+            assert data, "the stream ended without saying why"
+            tail = tail[-200:] + data
 
 
 @contextlib.contextmanager

@@ -11,8 +11,10 @@ validation, context length, queue full) still gets its own HTTP status and an Op
 body. A client that disconnects aborts its request and frees its KV blocks, whether it waits
 for a stream, for its first chunk, or for a whole non-streamed answer (the handler watches the
 ASGI receive channel for the disconnect while it waits); aborts are counted by reason in
-``/metrics``. While the server drains (SIGTERM) new requests get 503; those still in flight when
-the drain runs out of time are aborted and answered 503 ``shutdown`` (`Server.abort_in_flight`).
+``/metrics``. A stream is read ahead of its client; one that falls ``server.stream_buffer_bytes``
+behind is aborted (``slow_client``). While the server drains (SIGTERM) new requests get 503; those
+still in flight when the drain runs out of time are aborted and answered 503 ``shutdown``
+(`Server.abort_in_flight`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ _T = TypeVar("_T")
 SHUT_DOWN = ServiceUnavailableError("the server shut down before the request finished", code="shutdown",
                                     retry_after=5)
 """The answer to a request still in flight when draining ran out of time."""
+SLOW_CLIENT = ServiceUnavailableError(
+    "the stream was aborted: the client read it too slowly (server.stream_buffer_bytes)", code="slow_client",
+    retry_after=1)
+"""The end of a stream whose client fell too far behind."""
 
 
 class _StreamBuffer:
@@ -128,6 +134,10 @@ def error_response(error: LaminaError, request_id: str | None = None) -> JSONRes
     if error.retry_after is not None:
         headers["retry-after"] = str(max(1, round(error.retry_after)))
     return JSONResponse(error.to_openai(), status_code=error.http_status, headers=headers)
+
+
+def _error_event(encoder: StreamEncoder, error: LaminaError) -> bytes:
+    return encoder.error(StreamError(message=error.message, type=error.openai_type, code=error.code))
 
 
 async def _rest(chunks: AsyncIterator[TokenChunk]) -> list[TokenChunk]:
@@ -358,13 +368,13 @@ class Server:
             if buffer.overflowed and not ended:
                 log.warning("stream_aborted_slow_client", held_bytes=buffer.held, limit_bytes=buffer.limit)
                 self.metrics.aborted("slow_client")
+                buffer.put(_error_event(encoder, SLOW_CLIENT))
         except LaminaError as error:
-            buffer.put(encoder.error(StreamError(message=error.message, type=error.openai_type, code=error.code)))
+            buffer.put(_error_event(encoder, error))
         except asyncio.CancelledError:
             if not self._stopped():
                 raise
-            buffer.put(encoder.error(StreamError(message=SHUT_DOWN.message, type=SHUT_DOWN.openai_type,
-                                                 code=SHUT_DOWN.code)))
+            buffer.put(_error_event(encoder, SHUT_DOWN))
         finally:
             self.in_flight -= 1
             buffer.end()
