@@ -188,7 +188,8 @@ class Metrics:
             "prefill started (0 from executors that do not queue).", ["arm"], buckets=LATENCY_BUCKETS, registry=r)
         self.aborts = prometheus_client.Counter(
             "lamina_request_aborts", "Requests aborted before they finished, by reason (client_gone; queue_timeout: "
-            "waited longer than max_queue_wait_s to start; shutdown: still running when the drain ran out).",
+            "waited longer than max_queue_wait_s to start; shutdown: still running when the drain ran out; "
+            "slow_client: its stream fell server.stream_buffer_bytes behind).",
             ["reason"], registry=r)
         self.prompt_tokens = prometheus_client.Counter(
             "lamina_prompt_tokens", "Prompt tokens processed, by tenant and A/B arm.", ["tenant", "arm"], registry=r)
@@ -212,7 +213,7 @@ class Metrics:
 
     def aborted(self, reason: str) -> None:
         """Count a request the transport aborted (``client_gone``: its client disconnected; ``shutdown``: the
-        drain ran out of time)."""
+        drain ran out of time; ``slow_client``: its stream fell too far behind)."""
         self.aborts.labels(reason).inc()
 
     def inter_token(self, ctx: RequestContext, gap_s: float) -> None:
