@@ -29,9 +29,9 @@ Printed per level and arm:
 * queue timeouts (503 ``queue_timeout``: waited past the bound);
 * 5xx other than 503, which must be 0;
 * client timeouts;
-* aborted-work share: the server's aborts (``lamina_request_aborts_total``, all reasons but
-  ``queue_timeout``: work begun and then given up, such as a client that left) over the requests
-  it accepted.
+* aborted-work share: the requests the server accepted and then aborted, over all it accepted.
+  Aborts are ``lamina_request_aborts_total`` for every reason but ``queue_timeout``, such as a client
+  that left while its request was queued or mid-answer. Each is work the server took on and nobody read.
 
 ``--html FILE`` writes a page with the CDFs of accepted TTFT and of rejection latency.
 
