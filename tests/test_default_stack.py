@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
+from lamina.testing.abandon import leave_mid_answer, wait_until_idle
 
 pytestmark = pytest.mark.slow
 
@@ -34,30 +32,13 @@ def test_openai_client_gets_the_reference_greedy_tokens_and_clients_that_leave_f
     assert "Paris" in chat.choices[0].message.content
     assert chat.usage.prompt_tokens > 20, "the chat template (with its default system prompt) was applied"
 
-    leave_mid_answer(server)
+    clients_leave_mid_answer(server)
 
 
-def leave_mid_answer(server: Any) -> None:
+def clients_leave_mid_answer(server: Any) -> None:
     executor = server.stack.backends["local"]
     body = {"model": "smollm2-135m-instruct", "prompt": "Tell me a long story.", "max_tokens": 600,
             "ignore_eos": True, "temperature": 0}
-
-    async def leave() -> int:
-        async with httpx.AsyncClient(timeout=120) as client:
-            posts = [asyncio.create_task(client.post(f"{server.url}/v1/completions", json=body)) for _ in range(8)]
-            deadline = time.monotonic() + 60
-            while executor.state().outstanding_requests < 8 or executor.engine.generated_tokens < 8 * 4:
-                assert time.monotonic() < deadline, executor.state()
-                await asyncio.sleep(0.01)
-            busy = executor.state().kv_blocks_used
-            for post in posts:
-                post.cancel()
-            await asyncio.gather(*posts, return_exceptions=True)
-            return busy
-
-    busy = asyncio.run(leave())
-    left_at = time.monotonic()
-    while (state := executor.state()).kv_blocks_used or state.outstanding_requests or state.queue_depth:
-        assert time.monotonic() - left_at < 1.0, state
-        time.sleep(0.02)
+    busy = leave_mid_answer(server.url, executor, body, clients=8)
+    wait_until_idle(executor, within_s=1.0)
     assert busy > 0 and not executor.engine.scheduler.running and not executor.engine.scheduler.waiting

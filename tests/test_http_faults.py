@@ -30,6 +30,7 @@ from lamina.server.proto.lamina.v1 import inference_pb2 as pb
 from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
 from lamina.stack import Stack
 from lamina.stack_config import StackConfig
+from lamina.testing.abandon import leave_mid_answer, wait_until_idle
 
 KEYS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
         "seed", "stop", "n", "stream", "stream_options", "logprobs", "top_logprobs", "user", "echo", "tools",
@@ -96,10 +97,7 @@ def test_200_streams_cut_off_mid_way_free_every_kv_block(live: Any, tiny_model: 
             return busy
 
     busy = asyncio.run(cut_all())
-    deadline = time.monotonic() + 30
-    while (state := executor.state()).kv_blocks_used or state.outstanding_requests or state.queue_depth:
-        assert time.monotonic() < deadline, state
-        time.sleep(0.05)
+    wait_until_idle(executor, within_s=30)
     assert busy > 0, "streams were running when they were cut"
     assert executor.engine.scheduler.running == [] and not executor.engine.scheduler.waiting
 
@@ -113,25 +111,8 @@ def test_non_streamed_requests_whose_clients_leave_are_aborted_within_a_second(l
     server = live({"executor": {"use": "jax", "model": str(tiny_model), "max_model_len": 256, "max_batch": 2}})
     executor = server.stack.backends["local"]
     body = {"model": "tiny-llama", "prompt": "in the a b c", "max_tokens": 240, "ignore_eos": True, "temperature": 0}
-
-    async def leave_early() -> int:
-        async with httpx.AsyncClient(timeout=60) as client:
-            posts = [asyncio.create_task(client.post(f"{server.url}/v1/completions", json=body)) for _ in range(20)]
-            deadline = time.monotonic() + 30
-            while executor.state().outstanding_requests < 20:
-                assert time.monotonic() < deadline, executor.state()
-                await asyncio.sleep(0.01)
-            busy = executor.state().kv_blocks_used
-            for post in posts:
-                post.cancel()  # the client gives up: httpx closes the connection
-            await asyncio.gather(*posts, return_exceptions=True)
-            return busy
-
-    busy = asyncio.run(leave_early())
-    left_at = time.monotonic()
-    while (state := executor.state()).kv_blocks_used or state.outstanding_requests or state.queue_depth:
-        assert time.monotonic() - left_at < 1.0, state
-        time.sleep(0.02)
+    busy = leave_mid_answer(server.url, executor, body, clients=20)
+    wait_until_idle(executor, within_s=1.0)
     assert busy > 0, "the requests were running when their clients left"
     assert executor.engine.scheduler.running == [] and not executor.engine.scheduler.waiting
     metrics = httpx.get(f"{server.url}/metrics").text

@@ -9,7 +9,8 @@ the installed plugins with default options) or override the component fixture::
     class TestMyRouter(RouterContract):
         registered_name = "my-router"
 
-``lamina.testing.fixtures`` is loaded by pytest automatically (entry point ``pytest11``)
+``lamina.testing.abandon`` has helpers for tests of clients that leave (an executor must let go of
+their work); ``lamina.testing.fixtures`` is loaded by pytest automatically (entry point ``pytest11``)
 and provides fixtures for hook recording and log capture. Both modules import only
 what they need when they are used.
 """
