@@ -11,6 +11,6 @@ the installed plugins with default options) or override the component fixture::
 
 ``lamina.testing.abandon`` has helpers for tests of clients that leave (an executor must let go of
 their work); ``lamina.testing.fixtures`` is loaded by pytest automatically (entry point ``pytest11``)
-and provides fixtures for hook recording and log capture. Both modules import only
+and provides fixtures for hook recording and log capture. The modules import only
 what they need when they are used.
 """
