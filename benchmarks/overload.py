@@ -115,7 +115,8 @@ def measure(url: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
             headers = {MAX_QUEUE_WAIT_HEADER: str(args.queue_wait)} if arm == "bounded" else {}
             arm_endpoint = Endpoint(url=url, model=model, api="chat", timeout_s=args.client_timeout,
                                     extra_headers=headers)
-            requests = sharegpt(int(rate * args.duration * 1.5) + 10, seed=args.seed + level, output_len=args.max_tokens)
+            requests = sharegpt(int(rate * args.duration * 1.5) + 10, seed=args.seed + level,
+                                output_len=args.max_tokens)
             print(f"{multiple:g}x capacity ({rate:.2f} requests/s), {arm}, {args.duration:g} s", file=sys.stderr)
             before = aborts(url)
             result = asyncio.run(run(arm_endpoint, requests, Load(kind="poisson", rate=rate), seed=args.seed + level,

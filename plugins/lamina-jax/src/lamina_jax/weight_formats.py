@@ -14,8 +14,8 @@ bandwidth, a big batch or a prompt chunk by the matrix kernels, and which format
 which size differs from one CPU to the next (bf16 dots are native on CPUs with AVX-512 BF16,
 slow on others). With ``weights_dtype = "auto"`` the executor times a few decoder layers'
 projections and the output head in each of the `auto` formats at every row count it compiles
-(`measure`) and serves each shape in the fastest; a weight dtype is held only if some shape uses it. ``int8`` is left out of
-``auto``: it passes the perplexity gate but changes far more greedy tokens than the bfloat16
+(`measure`) and serves each shape in the fastest; a weight dtype is held only if some shape uses
+it. ``int8`` is left out of ``auto``: it passes the perplexity gate but changes far more greedy tokens than the bfloat16
 formats (``benchmarks/weights_dtype.py``), so it is served only when a stack file asks for it.
 So is ``q4_1``: its perplexity is within the gate (its weights are the GGUF's own; only the
 activations are rounded to 8 bits, as llama.cpp does) but about as few greedy continuations as
@@ -37,7 +37,7 @@ import numpy as np
 
 from lamina_jax.model import cpu_kernels, ggml
 from lamina_jax.model.config import LlamaConfig
-from lamina_jax.model.llama import Int8Weight, LayerParams, LlamaParams, linear, quantize_int8
+from lamina_jax.model.llama import Int8Weight, LayerParams, LlamaParams, linear, quantize_int8, rms_norm
 
 FORMATS: dict[str, tuple[str, str | None]] = {
     "float32": ("float32", None),
@@ -128,10 +128,6 @@ DROP_BEHIND = 2.0
 """A format this many times slower than the fastest after a round is not timed again at that row count."""
 
 
-def _rms(x: jax.Array) -> jax.Array:
-    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
-
-
 @functools.partial(jax.jit, static_argnames=("matmul_dtype",))
 def _layer_products(layers: tuple[LayerParams, ...], x: jax.Array, matmul_dtype: str | None) -> jax.Array:
     """The seven matrix products of each decoder layer on ``x [rows, dim]``, one layer after another
@@ -139,9 +135,9 @@ def _layer_products(layers: tuple[LayerParams, ...], x: jax.Array, matmul_dtype:
     keeps the values those of a real model's, whatever the depth)."""
     for layer in layers:
         q, k, v = (linear(x, w, matmul_dtype) for w in (layer.wq, layer.wk, layer.wv))
-        h = _rms(linear(q, layer.wo, matmul_dtype) + k.sum() + v.sum())
+        h = rms_norm(linear(q, layer.wo, matmul_dtype) + k.sum() + v.sum(), 1.0, 1e-6)
         up = jax.nn.silu(linear(h, layer.w_gate, matmul_dtype)) * linear(h, layer.w_up, matmul_dtype)
-        x = _rms(linear(up, layer.w_down, matmul_dtype))
+        x = rms_norm(linear(up, layer.w_down, matmul_dtype), 1.0, 1e-6)
     return x
 
 

@@ -209,7 +209,7 @@ def _read(pool: jax.Array, scale: jax.Array | None, tables: jax.Array) -> jax.Ar
     return values if scale is None else values * _gather(scale, tables)[..., None]
 
 
-def _rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
@@ -256,7 +256,7 @@ def _qkv(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Project ``x [B, T, dim]`` to rotated queries and keys and to values, split into heads."""
     batch, length, _ = x.shape
-    h = _rms_norm(x, layer.attn_norm, config.norm_eps)
+    h = rms_norm(x, layer.attn_norm, config.norm_eps)
     q = linear(h, layer.wq, config.matmul_dtype).reshape(batch, length, config.n_heads, config.head_dim)
     k = linear(h, layer.wk, config.matmul_dtype).reshape(batch, length, config.n_kv_heads, config.head_dim)
     v = linear(h, layer.wv, config.matmul_dtype).reshape(batch, length, config.n_kv_heads, config.head_dim)
@@ -346,13 +346,13 @@ def _chunks_for(num_positions: jax.Array, block_size: int) -> jax.Array:
 def _finish_block(layer: LayerParams, x: jax.Array, attn: jax.Array, config: LlamaConfig) -> jax.Array:
     """Output projection, residual, and the SwiGLU MLP with its residual."""
     x = x + linear(attn, layer.wo, config.matmul_dtype)
-    h = _rms_norm(x, layer.ffn_norm, config.norm_eps)
+    h = rms_norm(x, layer.ffn_norm, config.norm_eps)
     mm = config.matmul_dtype
     return x + linear(jax.nn.silu(linear(h, layer.w_gate, mm)) * linear(h, layer.w_up, mm), layer.w_down, mm)
 
 
 def _logits(params: LlamaParams, x: jax.Array, config: LlamaConfig) -> jax.Array:
-    return linear(_rms_norm(x, params.norm, config.norm_eps), params.head, config.matmul_dtype)
+    return linear(rms_norm(x, params.norm, config.norm_eps), params.head, config.matmul_dtype)
 
 
 def _scale(scales: tuple[jax.Array, ...] | None, layer: int) -> jax.Array | None:
