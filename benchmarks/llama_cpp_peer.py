@@ -7,7 +7,7 @@ per machine, by ``bash scripts/peers/build_llama_cpp.sh`` into
 (about 25 minutes on 2 cores: run it in the background, and never beside a benchmark).
 :func:`find_peer` only looks for them; it never builds. ``$LAMINA_LLAMA_CPP_DIR`` overrides it.
 
-Imported by ``executor_throughput.py`` and ``serving_vs_llama_cpp.py`` as a sibling module
+Imported by ``executor_throughput.py``, ``serving_vs_llama_cpp.py`` and ``upstream_overhead.py`` as a sibling module
 (a script's own folder is on ``sys.path``).
 """
 
@@ -21,9 +21,11 @@ import platform
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lamina.bench.servers import ServerProcess, free_port
 from lamina_jax.native import cpu_key, cpu_model, cpuinfo, lscpu
 
 BINARIES = ("llama-server", "llama-bench", "llama-batched-bench")
@@ -253,3 +255,16 @@ def parse_batched_bench(output: str) -> list[dict[str, Any]]:
     if not rows:
         raise ValueError(f"no results in llama-batched-bench's output:\n{output[-2000:]}")
     return rows
+
+
+class LlamaServer(ServerProcess):
+    """``llama-server`` on a free loopback port with ``concurrency`` slots; ``url`` once /health is 200."""
+
+    def __init__(self, folder: Path, gguf: Path, *, threads: int, concurrency: int, ctx_per_slot: int,
+                 extra_args: Sequence[str] = (), ready_timeout_s: float = 300.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [str(folder / "llama-server"), "-m", str(gguf), "-t", str(threads), "-tb", str(threads),
+                "-np", str(concurrency), "-c", str(concurrency * ctx_per_slot),
+                "--host", "127.0.0.1", "--port", str(self.port), *extra_args]
+        super().__init__("llama-server", argv, f"{self.url}/health", ready_timeout_s=ready_timeout_s)

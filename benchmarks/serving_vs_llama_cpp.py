@@ -62,7 +62,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,11 +73,13 @@ from tqdm import tqdm
 
 from lamina.bench.metrics import percentile
 from lamina.bench.report import cdf_svg
-from lamina.bench.servers import ServerProcess, StackServer, free_port
+from lamina.bench.servers import StackServer
 from lamina.bench.workloads import BenchRequest, sharegpt
 from lamina.htmlreport import page, table
 from lamina_jax.weights.gguf import smollm2_path
-from llama_cpp_peer import add_peer_argument, describe_machine, load_at_start, machine, peer_info, resolve_peer
+from llama_cpp_peer import (
+    LlamaServer, add_peer_argument, describe_machine, load_at_start, machine, peer_info, resolve_peer,
+)
 
 LAMINA, LLAMA = "lamina", "llama-server"
 CTX_PER_SLOT = 2048
@@ -186,22 +187,6 @@ def served_model(url: str) -> str:
     response = httpx.get(f"{url}/v1/models", timeout=30)
     response.raise_for_status()
     return str(response.json()["data"][0]["id"])
-
-
-# -- llama-server ----------------------------------------------------------------------------
-
-
-class LlamaServer(ServerProcess):
-    """``llama-server`` on a free loopback port with ``concurrency`` slots; ``url`` once /health is 200."""
-
-    def __init__(self, folder: Path, gguf: Path, *, threads: int, concurrency: int, ctx_per_slot: int,
-                 extra_args: Sequence[str] = (), ready_timeout_s: float = 300.0) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        argv = [str(folder / "llama-server"), "-m", str(gguf), "-t", str(threads), "-tb", str(threads),
-                "-np", str(concurrency), "-c", str(concurrency * ctx_per_slot),
-                "--host", "127.0.0.1", "--port", str(self.port), *extra_args]
-        super().__init__("llama-server", argv, f"{self.url}/health", ready_timeout_s=ready_timeout_s)
 
 
 # -- figures ---------------------------------------------------------------------------------

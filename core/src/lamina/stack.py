@@ -141,12 +141,14 @@ class Stack:
         self._codecs_by_type: dict[str, Codec] | None = None
 
     def _remote_backends(self, config: StackConfig) -> dict[str, Executor]:
-        """One :class:`RemoteExecutor` per ``[[backends]]`` entry; local workers (``[replicas]``)
-        join the returned dict as they become ready."""
-        backends: dict[str, Executor] = {b.name: RemoteExecutor(b.name, b.address) for b in config.backends}
+        """One executor per ``[[backends]]`` entry (a :class:`RemoteExecutor` for an address, else the
+        entry's own executor); local workers (``[replicas]``) join the returned dict as they become ready."""
+        context = BuildContext(stack_name=config.meta.name)
+        backends: dict[str, Executor] = {
+            b.name: RemoteExecutor(b.name, b.address) if b.executor is None else _instantiate(b.executor, context)
+            for b in config.backends}
         if config.replicas.count:
-            provider = None if config.replica_provider is None else _instantiate(
-                config.replica_provider, BuildContext(stack_name=config.meta.name))
+            provider = None if config.replica_provider is None else _instantiate(config.replica_provider, context)
             self.replicas = ReplicaSet(config.replicas, config.raw, backends, provider=provider,
                                        drain_timeout_s=config.server.drain_timeout_s)
         return backends

@@ -139,11 +139,15 @@ class ReplicasConfig:
 
 @attrs.frozen(kw_only=True)
 class RemoteBackend:
-    """One ``[[backends]]`` entry: a Lamina server (``lamina worker`` or ``lamina serve``) elsewhere."""
+    """One ``[[backends]]`` entry: a Lamina server (``lamina worker`` or ``lamina serve``) at a gRPC
+    ``address``, or an ``executor`` table built in this process for it (an ``openai-upstream``
+    in front of llama-server or vLLM, say); exactly one of the two."""
 
     name: str = attrs.field(validator=attrs.validators.min_len(1), metadata={"help": "the backend's name"})
-    address: str = attrs.field(validator=attrs.validators.min_len(1),
-                               metadata={"help": "its gRPC address, host:port"})
+    address: str = attrs.field(default="", metadata={"help": "its gRPC address, host:port"})
+    executor: ComponentSpec | None = attrs.field(default=None, metadata={
+        "help": "instead of an address: the executor serving this backend, as an [executor] table "
+                "(use = ..., options)"})
 
 
 @attrs.frozen(kw_only=True)
@@ -226,7 +230,7 @@ class StackConfig:
         provider = replicas_table.get("provider")
         replicas = build_options(ReplicasConfig, {k: v for k, v in replicas_table.items() if k != "provider"},
                                  "replicas")
-        backends = tuple(build_options(RemoteBackend, _table(item, f"backends[{i}]"), f"backends[{i}]")
+        backends = tuple(_backend(_table(item, f"backends[{i}]"), f"backends[{i}]", registry)
                          for i, item in enumerate(_array(data, "backends")))
         if (replicas.count or backends) and isinstance(resolved["executor"], Split):
             raise ConfigError("ab.executor", "an executor split needs the executors in this process; "
@@ -287,11 +291,26 @@ class StackConfig:
             "observers": [spec(s) for s in self.observers],
             "slo": attrs.asdict(self.slo),
             "replicas": attrs.asdict(self.replicas),
-            "backends": [attrs.asdict(b) for b in self.backends],
+            "backends": [{"name": b.name, **({"executor": spec(b.executor)} if b.executor else {"address": b.address})}
+                         for b in self.backends],
             "route_tree": None if self.route_tree is None else {
                 leaf.name: {"pool": leaf.pool, **spec(leaf.router)} for leaf in self.route_tree.leaves()},
             "source": str(self.source) if self.source else None,
         }
+
+
+def _backend(table: Mapping[str, Any], path: str, registry: ComponentRegistry) -> RemoteBackend:
+    """One ``[[backends]]`` entry; its ``executor`` table is checked like an ``[executor]`` section."""
+    backend = build_options(RemoteBackend, {k: v for k, v in table.items() if k != "executor"}, path)
+    if "executor" in table:
+        if backend.address:
+            raise ConfigError(path, "give a backend an address or an executor, not both")
+        executor = _spec((layers.EXECUTOR,), _table(table["executor"], f"{path}.executor"), f"{path}.executor",
+                         registry)
+        return attrs.evolve(backend, executor=executor)
+    if not backend.address:
+        raise ConfigError(f"{path}.address", "missing: a backend needs an address (gRPC host:port) or an executor")
+    return backend
 
 
 def _table(value: Any, path: str) -> Mapping[str, Any]:

@@ -20,6 +20,7 @@ still in flight when the drain runs out of time are aborted and answered 503 ``s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -350,7 +351,11 @@ class Server:
             if not reader.done():  # the client left while the request ran
                 reader.cancel()
                 self.metrics.aborted("client_gone")
-            await asyncio.gather(reader, return_exceptions=True)
+            # Starlette cancels this generator again at every await once the client is gone; shielded,
+            # the reader is cancelled once only, so the executor's own clean-up (closing an upstream
+            # connection, say) runs to its end.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(asyncio.gather(reader, return_exceptions=True))
 
     async def _read_ahead(self, encoder: StreamEncoder, meta: StreamMeta, ctx: RequestContext, first: TokenChunk,
                           chunks: AsyncIterator[TokenChunk], buffer: _StreamBuffer) -> None:

