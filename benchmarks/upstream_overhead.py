@@ -54,7 +54,8 @@ def level_figures(level: dict[str, Any]) -> dict[str, Any]:
     direct, ours = level["summaries"][DIRECT], level["summaries"][LAMINA]
     out: dict[str, Any] = {"load": level["load"], "output_tok_s": {DIRECT: direct["output_throughput"],
                                                                    LAMINA: ours["output_throughput"]},
-                           "failed": {DIRECT: direct["failed"], LAMINA: ours["failed"]}}
+                           "failed": {DIRECT: direct["failed"], LAMINA: ours["failed"]},
+                           "errors": {DIRECT: direct["errors"], LAMINA: ours["errors"]}}
     out["throughput_ratio"] = (ours["output_throughput"] / direct["output_throughput"]
                                if direct["output_throughput"] else None)
     for metric in ("ttft", "itl"):
@@ -82,7 +83,7 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"{f['load']:<16} {_fmt(f['output_tok_s'][DIRECT]):>12} {_fmt(f['output_tok_s'][LAMINA]):>12} "
               f"{_fmt(f['throughput_ratio'], 3):>6} {cells[0]:>18} {cells[1]:>18} {cells[2]:>17} {cells[3]:>17}")
         if f["failed"][DIRECT] or f["failed"][LAMINA]:
-            print(f"  failed requests: {f['failed']}")
+            print(f"  failed requests: {f['failed']}; by kind: {f['errors']}")
 
 
 def main() -> None:

@@ -205,3 +205,13 @@ def test_a_missing_api_key_variable_is_a_config_error_naming_the_option() -> Non
     executor = UpstreamExecutor(UpstreamOptions(url="http://127.0.0.1:9", api_key_env="LAMINA_TEST_UNSET_KEY"))
     with pytest.raises(ConfigError, match="api_key_env: environment variable LAMINA_TEST_UNSET_KEY is not set"):
         asyncio.run(executor.start())
+
+
+def test_finished_streams_give_their_connections_back_and_count_no_abort(
+        echo_upstream: StackServer, front: Callable[..., StackServer]) -> None:
+    server = front(echo_upstream.url, max_in_flight=2)  # a pool of 6 connections to the upstream
+    client = _client(server)
+    for i in range(20):
+        events = list(client.completions.create(model="echo-up", prompt=f"request {i} here", stream=True))
+        assert "".join(e.choices[0].text for e in events) == f"request {i} here"
+    assert _metric(server, "lamina_request_aborts_total") == 0

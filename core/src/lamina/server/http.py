@@ -338,6 +338,7 @@ class Server:
         aborted (``slow_client``): its engine work is freed and what it holds is bounded."""
         buffer = _StreamBuffer(self.stream_buffer_bytes)
         reader = asyncio.ensure_future(self._read_ahead(codec.encoder(), meta, ctx, first, chunks, buffer))
+        ended = False
         try:
             last = time.monotonic()
             while (item := await buffer.get()) is not None:
@@ -347,8 +348,9 @@ class Server:
                 if has_tokens:
                     self.metrics.inter_token(ctx, now - last)
                 last = now
+            ended = True  # the reader may still be closing the request's stream: let it finish
         finally:
-            if not reader.done():  # the client left while the request ran
+            if not ended and not reader.done():  # the client left while the request ran
                 reader.cancel()
                 self.metrics.aborted("client_gone")
             # Starlette cancels this generator again at every await once the client is gone; shielded,

@@ -78,7 +78,8 @@ class UpstreamExecutor:
             if not key:
                 raise ConfigError("api_key_env", f"environment variable {self.options.api_key_env} is not set")
             headers["Authorization"] = f"Bearer {key}"
-        timeout = httpx.Timeout(self.options.read_timeout_s, connect=self.options.connect_timeout_s, pool=None)
+        timeout = httpx.Timeout(self.options.read_timeout_s, connect=self.options.connect_timeout_s,
+                                pool=self.options.connect_timeout_s)
         limit = self.options.max_in_flight + 4  # the poller's requests beside every stream
         self._client = httpx.AsyncClient(base_url=self.options.url, headers=headers, timeout=timeout,
                                          limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit))
@@ -141,14 +142,15 @@ class UpstreamExecutor:
                     reader = UpstreamStream(request.id, chat=path == CHAT_PATH, logprobs=request.sampling.logprobs,
                                             prompt_bytes=prompt_bytes)
                     async for data in _event_data(response):
-                        if data == "[DONE]":
-                            break
+                        if data == "[DONE]":  # read on to the body's end, so the connection can be reused
+                            continue
                         chunk = reader.event(_json(data))
                         if chunk is not None:
                             self._generated += len(chunk.token_ids)
                             self._streams[stream_key] = max(budget - reader.emitted, 0)
                             yield chunk
-                    yield reader.final()
+                final = reader.final()  # after the response is closed: its connection is back in the pool
+                yield final
             except httpx.ReadTimeout:
                 raise RequestTimeoutError(f"upstream {self.options.url} sent nothing for "
                                           f"{self.options.read_timeout_s:g} s") from None
