@@ -32,8 +32,11 @@ def test_bodies_ask_each_engine_for_token_ids_its_own_way() -> None:
     assert vllm["return_token_ids"] is True and vllm["top_k"] == 5
     _, llama = upstream_call(_chat(), "m", "llama-server")
     assert (llama["logprobs"], llama["top_logprobs"], llama["top_k"], llama["min_p"]) == (True, 1, 0, 0.0)
-    _, llama_wants = upstream_call(_chat(logprobs=True, top_logprobs=3), "m", "llama-server")
-    assert llama_wants["top_logprobs"] == 3
+    assert llama["post_sampling_probs"] is True
+    _, greedy = upstream_call(_chat(temperature=0.0), "m", "llama-server")
+    assert greedy["top_k"] == 1 and greedy["post_sampling_probs"] is True
+    _, llama_wants = upstream_call(_chat(logprobs=True, top_logprobs=3, temperature=0.0), "m", "llama-server")
+    assert llama_wants["top_logprobs"] == 3 and llama_wants["top_k"] == 0 and "post_sampling_probs" not in llama_wants
 
 
 def test_completion_bodies_carry_text_or_token_prompts_and_every_sampling_field() -> None:
@@ -72,6 +75,13 @@ def test_llama_server_chat_events_give_ids_from_logprobs_and_text_held_back_arri
     final = stream.final()
     assert final.finish_reason == "stop" and final.index == 1
     assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (12, 3)
+
+
+def test_post_sampling_probabilities_give_ids_and_no_logprobs() -> None:
+    stream = UpstreamStream("r", chat=True, logprobs=True, prompt_bytes=4)
+    chunk = stream.event({"choices": [{"delta": {"content": "Hi"}, "logprobs": {"content": [
+        {"id": 5, "token": "Hi", "prob": 1.0, "bytes": [72, 105], "top_probs": [{"id": 5, "token": "Hi", "prob": 1.0}]}]}}]})
+    assert chunk.token_ids == (5,) and chunk.logprobs is None and chunk.top_logprobs is None
 
 
 def test_logprobs_pass_on_in_both_formats_when_asked() -> None:

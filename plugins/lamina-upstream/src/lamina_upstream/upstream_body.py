@@ -7,7 +7,10 @@ Each engine is asked for the token ids of what it generates in its own way:
 - ``lamina`` writes them in every chunk (``choices[].token_ids``);
 - ``vllm`` does with ``return_token_ids``;
 - ``llama-server`` gives them only inside logprobs (``logprobs.content[].id``), so at least
-  one alternative is always requested from it (and dropped when the client did not ask).
+  one alternative is always requested from it (and dropped when the client did not ask). When
+  the client did not ask, they are its cheap post-sampling probabilities, and a greedy request
+  is sent as ``top_k`` 1 (the same tokens): the probabilities of the full vocabulary, sorted
+  for every token, cost llama-server a quarter of its throughput at 16 streams.
 
 llama-server's sampler defaults differ from OpenAI's (``top_k`` 40, ``min_p`` 0.05), so it
 gets both explicitly, ``0`` meaning off as in Lamina.
@@ -53,7 +56,10 @@ def upstream_call(request: Request, model: str, engine: Engine) -> tuple[str, di
         body["stop_token_ids"] = list(sampling.stop_token_ids)
     top = sampling.top_logprobs if sampling.logprobs else None
     if engine == "llama-server":
-        body["top_k"], body["min_p"] = sampling.top_k, 0.0
+        greedy_ids_only = top is None and sampling.temperature == 0
+        body["top_k"], body["min_p"] = 1 if greedy_ids_only else sampling.top_k, 0.0
+        if top is None:
+            body["post_sampling_probs"] = True
         top = max(top or 0, 1)
     elif sampling.top_k:
         body["top_k"] = sampling.top_k

@@ -97,10 +97,11 @@ def _token_fields(choice: Mapping[str, Any]
     top_ids = choice.get("top_token_ids") or ()
     if isinstance(raw, Mapping) and isinstance(raw.get("content"), list):
         entries = raw["content"]
-        logprobs = [float(e["logprob"]) for e in entries]
-        tops = [tuple(TopLogprob(token_id=int(a.get("id", _alternative_id(top_ids, i, j))), text=str(a.get("token", "")),
-                                 logprob=float(a["logprob"]))
-                      for j, a in enumerate(e.get("top_logprobs") or ())) for i, e in enumerate(entries)]
+        if all("logprob" in e for e in entries):  # not llama-server's post-sampling "prob"s
+            logprobs = [float(e["logprob"]) for e in entries]
+            tops = [tuple(TopLogprob(token_id=int(a.get("id", _alternative_id(top_ids, i, j))),
+                                     text=str(a.get("token", "")), logprob=float(a["logprob"]))
+                          for j, a in enumerate(e.get("top_logprobs") or ())) for i, e in enumerate(entries)]
     elif isinstance(raw, Mapping) and isinstance(raw.get("token_logprobs"), list):
         logprobs = [float(v) for v in raw["token_logprobs"]]
         alternatives = raw.get("top_logprobs") or [{} for _ in logprobs]
