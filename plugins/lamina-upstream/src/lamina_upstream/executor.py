@@ -149,8 +149,7 @@ class UpstreamExecutor:
                             self._generated += len(chunk.token_ids)
                             self._streams[stream_key] = max(budget - reader.emitted, 0)
                             yield chunk
-                final = reader.final()  # after the response is closed: its connection is back in the pool
-                yield final
+                yield reader.final()  # the response is closed by now: its connection is back in the pool
             except httpx.ReadTimeout:
                 raise RequestTimeoutError(f"upstream {self.options.url} sent nothing for "
                                           f"{self.options.read_timeout_s:g} s") from None
