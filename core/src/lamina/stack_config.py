@@ -210,6 +210,9 @@ class StackConfig:
         ab = _table(data.get("ab", {}), "ab")
         check_keys(ab, (layer.key for layer in SPLITTABLE), "ab", what="splittable layer")
         resolved: dict[str, ComponentSpec | Split | None] = {}
+        replicas_table = _table(data.get("replicas", {}), "replicas")
+        # a pool of [[backends]] alone runs no executor of its own: it needs no default one installed
+        pool_only = bool(data.get("backends")) and not replicas_table.get("count")
         for layer in SPLITTABLE + SINGLE:
             if layer.key in ab:
                 if layer.key in data:
@@ -221,12 +224,11 @@ class StackConfig:
                                              registry)
             elif layer.key in data:
                 resolved[layer.key] = _spec((layer,), _table(data[layer.key], layer.key), layer.key, registry)
-            elif layer.key in DEFAULTS:
+            elif layer.key in DEFAULTS and not (layer is layers.EXECUTOR and pool_only):
                 resolved[layer.key] = _spec((layer,), {"use": DEFAULTS[layer.key]}, layer.key, registry)
             else:
                 resolved[layer.key] = None
         admission, observers = _array(data, "admission"), _array(data, "observers")
-        replicas_table = _table(data.get("replicas", {}), "replicas")
         provider = replicas_table.get("provider")
         replicas = build_options(ReplicasConfig, {k: v for k, v in replicas_table.items() if k != "provider"},
                                  "replicas")
