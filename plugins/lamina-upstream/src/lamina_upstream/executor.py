@@ -65,6 +65,7 @@ class UpstreamExecutor:
         self._streams: dict[object, int] = {}  # per request sent or waiting: its tokens still to come
         self._load = UpstreamLoad()
         self._others = 0  # requests the upstream held for other clients at the last poll
+        self._load_path = "/metrics"
         self._healthy = False
         self._generated = 0
         self._rate = 0.0
@@ -231,13 +232,12 @@ class UpstreamExecutor:
         try:
             health = await self._client.get(HEALTH_PATH[self.engine])
             self._healthy = health.status_code == 200
-            metrics = await self._client.get("/metrics")
-            if metrics.status_code == 200:
-                self._observe(load_from_metrics(metrics.text, self.engine))
-            elif self.engine == "llama-server":
-                slots = await self._client.get("/slots")
-                if slots.status_code == 200:
-                    self._observe(load_from_slots(slots.json()))
+            response = await self._client.get(self._load_path)
+            if response.status_code == 200:
+                self._observe(load_from_metrics(response.text, self.engine) if self._load_path == "/metrics"
+                              else load_from_slots(response.json()))
+            elif self._load_path == "/metrics" and self.engine == "llama-server":
+                self._load_path = "/slots"  # llama-server without --metrics: read its slots from now on
         except (httpx.HTTPError, ValueError):
             self._healthy = False
         return self._healthy
