@@ -54,7 +54,7 @@ from lamina.client import AsyncLaminaClient, load_codec
 from lamina_hookspecs.errors import CodecError
 from lamina_hookspecs.protocols import StreamDecoder, StreamEncoder, StreamItem
 from lamina_hookspecs.types import StreamError, StreamMeta, TokenChunk, Usage
-from lamina_jax.tokenizer import GGUFTokenizer
+from lamina_jax.tokenizer import Tokenizer
 from lamina_jax.weights.gguf import read_metadata, smollm2_path
 from lamina_stc.compression import ZstdDecoder, ZstdEncoder
 
@@ -66,10 +66,10 @@ E2E_CODECS = ("sse", "stc", "stc-zstd")
 
 def realistic_stream() -> tuple[StreamMeta, list[TokenChunk], str]:
     """A chat stream of ``TOKENS`` one-token chunks and a final chunk; also the text it spells."""
-    tokenizer = GGUFTokenizer.from_metadata(read_metadata(gguf.GGUFReader(smollm2_path())))
+    tokenizer = Tokenizer.from_gguf(read_metadata(gguf.GGUFReader(smollm2_path())))
     ids: list[int] = []
     for answer in sharegpt_answers():
-        ids += tokenizer.encode(answer, add_bos=False)
+        ids += tokenizer.encode(answer, add_special_tokens=False)
         if len(ids) >= TOKENS:
             break
     ids = ids[:TOKENS]

@@ -48,7 +48,7 @@ from lamina.bench.workloads import sharegpt_answers
 from lamina_jax.block_manager import blocks_for
 from lamina_jax.model.llama import KVDtype, LlamaParams, decode, init_cache, kv_bytes_per_position, prefill
 from lamina_jax.model.config import LlamaConfig
-from lamina_jax.tokenizer import GGUFTokenizer
+from lamina_jax.tokenizer import Tokenizer
 from lamina_jax.weights.gguf import load_gguf, smollm2_path
 
 DTYPES: tuple[KVDtype, ...] = ("float32", "bfloat16", "int8", "fp8")
@@ -60,17 +60,17 @@ STREAMS, NEW_TOKENS = 16, 64
 PROMPT_LEN, AGREE_TOKENS = 32, 32
 
 
-def texts(tokenizer: GGUFTokenizer, ppl_tokens: int, prompts: int) -> tuple[list[int], list[list[int]]]:
+def texts(tokenizer: Tokenizer, ppl_tokens: int, prompts: int) -> tuple[list[int], list[list[int]]]:
     """The perplexity text (``ppl_tokens`` ids) and, from the turns after it, ``prompts`` prompts."""
     answers = sharegpt_answers()
     held_out: list[int] = []
     for answer in answers:
-        held_out += tokenizer.encode(answer, add_bos=False)
+        held_out += tokenizer.encode(answer, add_special_tokens=False)
         if len(held_out) >= ppl_tokens:
             break
     out: list[list[int]] = []
     for answer in answers:
-        ids = tokenizer.encode(answer, add_bos=False)
+        ids = tokenizer.encode(answer, add_special_tokens=False)
         if len(ids) >= PROMPT_LEN:
             out.append(ids[:PROMPT_LEN])
             if len(out) == prompts:
@@ -133,7 +133,7 @@ def main() -> None:
 
     model = load_gguf(smollm2_path())
     params, config = model.params, model.config
-    tokenizer = GGUFTokenizer.from_metadata(model.metadata)
+    tokenizer = Tokenizer.from_gguf(model.metadata)
     held_out, prompts = texts(tokenizer, ppl_tokens, n_prompts + STREAMS)
     speed_prompts, agree_prompts = prompts[:STREAMS], prompts[STREAMS:]
 

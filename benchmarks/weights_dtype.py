@@ -40,7 +40,7 @@ from kv_dtype import AGREE_TOKENS, NEW_TOKENS, STREAMS, greedy_batch, perplexity
 from lamina_jax import weight_formats
 from lamina_jax.model_runner import ModelRunner
 from lamina_jax.options import JaxOptions
-from lamina_jax.tokenizer import GGUFTokenizer
+from lamina_jax.tokenizer import Tokenizer
 from lamina_jax.weights.gguf import load_gguf, smollm2_path
 
 GATE_PCT = 0.5
@@ -55,7 +55,7 @@ def main() -> None:
 
     model = load_gguf(smollm2_path())
     config = model.config
-    tokenizer = GGUFTokenizer.from_metadata(model.metadata)
+    tokenizer = Tokenizer.from_gguf(model.metadata)
     held_out, prompts = texts(tokenizer, ppl_tokens, n_prompts + STREAMS)
     speed_prompts, agree_prompts = prompts[:STREAMS], prompts[STREAMS:]
 

@@ -20,7 +20,8 @@ from lamina_hookspecs.layers import LAYERS
 from lamina.logging import configure_logging
 from lamina.options import describe
 from lamina.plugins import load_plugins
-from lamina.stack_config import StackConfig
+from lamina.registry import ComponentRegistry
+from lamina.stack_config import DEFAULTS, StackConfig
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
@@ -71,6 +72,21 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_model(config: StackConfig, args: argparse.Namespace, registry: ComponentRegistry) -> StackConfig:
+    """``config`` with ``--model`` and ``--served-model-name`` set on its executor (the default one,
+    when the stack names none), like ``vllm serve MODEL``."""
+    if args.model is None and args.served_model_name is None:
+        return config
+    if "executor" in config.raw.get("ab", {}):
+        raise ConfigError("ab.executor", "--model sets one executor's model; this stack splits the executor")
+    executor = dict(config.raw.get("executor", {"use": DEFAULTS["executor"]}))
+    if args.model is not None:
+        executor["model"] = args.model
+    if args.served_model_name is not None:
+        executor["served_name"] = args.served_model_name
+    return StackConfig.from_dict({**config.raw, "executor": executor}, registry, source=config.source)
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from lamina.server.serve import serve
     from lamina.stack import Stack
@@ -79,6 +95,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         config = (StackConfig.from_toml(args.stack, plugins.registry) if args.stack
                   else StackConfig.from_dict({}, plugins.registry))
+        config = _with_model(config, args, plugins.registry)
         if args.replicas is not None:
             replicas = {**config.raw.get("replicas", {}), "count": args.replicas}
             config = StackConfig.from_dict({**config.raw, "replicas": replicas}, plugins.registry,
@@ -97,10 +114,15 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from lamina.stack import Stack
 
     plugins = load_plugins()
+    if args.stack is None and args.model is None:
+        print("error: give a stack file or --model", file=sys.stderr)
+        return 2
     try:
-        stack = Stack(StackConfig.from_toml(args.stack, plugins.registry), plugins)
+        config = (StackConfig.from_toml(args.stack, plugins.registry) if args.stack
+                  else StackConfig.from_dict({}, plugins.registry))
+        stack = Stack(_with_model(config, args, plugins.registry), plugins)
     except ConfigError as exc:
-        print(f"error: {args.stack}: {exc}", file=sys.stderr)
+        print(f"error: {args.stack or '--model'}: {exc}", file=sys.stderr)
         return 1
     return serve_worker(stack, args.host, args.port)
 
@@ -241,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, help="gRPC port (overrides server.grpc_port; default 50051)")
     serve.add_argument("--replicas", type=int, help="run the executor in N supervised worker processes "
                                                     "(overrides replicas.count)")
+    _add_model_arguments(serve)
     serve.set_defaults(func=_cmd_serve)
 
     route = sub.add_parser("route", help="inspect a stack's routing").add_subparsers(dest="route", required=True)
@@ -255,9 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_autoscale_parser(sub)
 
     worker = sub.add_parser("worker", help="serve one executor over gRPC for a gateway (see [replicas])")
-    worker.add_argument("stack", help="stack file (TOML or JSON); only its executor sections are used")
+    worker.add_argument("stack", nargs="?", help="stack file (TOML or JSON); only its executor sections are used")
     worker.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     worker.add_argument("--port", type=int, required=True, help="gRPC port")
+    _add_model_arguments(worker)
     worker.set_defaults(func=_cmd_worker)
 
     status = sub.add_parser("status", help="one refreshing screen on a running server: replicas, load, SLOs, A/B arms")
@@ -286,6 +310,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     return parser
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", metavar="PATH", help="serve this model (a GGUF file or a Hugging Face model "
+                                                         "directory): sets the executor's model option")
+    parser.add_argument("--served-model-name", metavar="NAME", help="the model id clients ask for "
+                                                                    "(sets the executor's served_name option)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -281,7 +281,7 @@ def test_steady_state_serving_compiles_nothing_new(tiny_gguf: Path) -> None:
 
 
 def test_a_missing_model_file_is_a_config_error() -> None:
-    with pytest.raises(ValueError, match="no GGUF file at '/no/such.gguf'"):
+    with pytest.raises(ValueError, match="no GGUF file and no Hugging Face model directory .* at '/no/such.gguf'"):
         JaxOptions(model="/no/such.gguf")
 
 

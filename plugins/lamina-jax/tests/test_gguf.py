@@ -17,7 +17,7 @@ from lamina_jax.testing import (
     tokenizer_metadata,
     write_gguf,
 )
-from lamina_jax.tokenizer import GGUFTokenizer
+from lamina_jax.tokenizer import Tokenizer
 from lamina_jax.weights.gguf import load_gguf, read_config
 
 Q = gguf.GGMLQuantizationType
@@ -58,7 +58,7 @@ def test_loader_reproduces_config_weights_and_llama_cpp_rope(
 
 def test_tokenizer_from_gguf_metadata(tmp_path: Path) -> None:
     write_gguf(tmp_path / "tiny.gguf", CONFIG, random_weights(CONFIG, tied=True), Q.F32, TOKENIZER)
-    tokenizer = GGUFTokenizer.from_metadata(load_gguf(tmp_path / "tiny.gguf").metadata)
+    tokenizer = Tokenizer.from_gguf(load_gguf(tmp_path / "tiny.gguf").metadata)
     assert tokenizer.encode("<|im_start|>user") == [1, *tokenizer.encode("user")]
     assert tokenizer.decode(tokenizer.encode(" the tin café")) == " the tin café"
 

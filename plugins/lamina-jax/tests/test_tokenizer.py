@@ -1,12 +1,12 @@
 """The GGUF tokenizer on a tiny byte-level BPE vocabulary: encoding, chat template, streaming decode."""
 
-import jinja2
 import pytest
 
+from lamina_jax.chat_template import ChatTemplateError
 from lamina_jax.testing import tokenizer_metadata
-from lamina_jax.tokenizer import GGUFTokenizer, IncrementalDetokenizer
+from lamina_jax.tokenizer import Tokenizer, IncrementalDetokenizer
 
-TOKENIZER = GGUFTokenizer.from_metadata(tokenizer_metadata())
+TOKENIZER = Tokenizer.from_gguf(tokenizer_metadata())
 TEXTS = [
     "Hello wörld, naïve café, Ångström",
     "emoji 😀🎉👍🏽 and ❤️ ok",
@@ -35,9 +35,9 @@ def test_digits_are_split_one_by_one() -> None:
 
 
 def test_bos_follows_the_add_bos_flag() -> None:
-    with_bos = GGUFTokenizer.from_metadata(tokenizer_metadata(add_bos=True))
+    with_bos = Tokenizer.from_gguf(tokenizer_metadata(add_bos=True))
     assert with_bos.encode("hi")[0] == 1
-    assert with_bos.encode("hi", add_bos=False) == TOKENIZER.encode("hi")
+    assert with_bos.encode("hi", add_special_tokens=False) == TOKENIZER.encode("hi")
     assert TOKENIZER.encode("hi")[0] != 1
 
 
@@ -70,10 +70,19 @@ def test_chat_template_renders_chatml() -> None:
 
 def test_chat_template_can_raise_exception() -> None:
     metadata = tokenizer_metadata() | {"tokenizer.chat_template": "{{ raise_exception('no system role') }}"}
-    with pytest.raises(jinja2.TemplateError, match="no system role"):
-        GGUFTokenizer.from_metadata(metadata).render_chat([])
+    with pytest.raises(ChatTemplateError, match="no system role"):
+        Tokenizer.from_gguf(metadata).render_chat([])
 
 
 def test_unsupported_pre_tokenizer_is_refused() -> None:
-    with pytest.raises(NotImplementedError, match="llama-bpe"):
-        GGUFTokenizer.from_metadata(tokenizer_metadata() | {"tokenizer.ggml.pre": "llama-bpe"})
+    with pytest.raises(NotImplementedError, match="'chatglm-bpe': supported are .*llama-bpe"):
+        Tokenizer.from_gguf(tokenizer_metadata() | {"tokenizer.ggml.pre": "chatglm-bpe"})
+
+
+def test_flush_releases_a_trailing_partial_character() -> None:
+    ids = TOKENIZER.encode("ok 😀")[:-1]  # the emoji's last byte is missing
+    detokenizer = IncrementalDetokenizer(TOKENIZER)
+    streamed = "".join(detokenizer.add(token_id) for token_id in ids)
+    assert not streamed.endswith("\ufffd")
+    assert streamed + detokenizer.flush() == TOKENIZER.decode(ids) and TOKENIZER.decode(ids).endswith("\ufffd")
+    assert detokenizer.flush() == ""

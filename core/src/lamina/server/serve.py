@@ -106,9 +106,11 @@ def warn_if_open(stack: Stack, host: str) -> bool:
     return True
 
 
-def build_app(stack: Stack, http: Server, grpc: InferenceService | None = None) -> Starlette:
+def build_app(stack: Stack, http: Server, grpc: InferenceService | None = None,
+              on_start_failed: Callable[[Exception], None] | None = None) -> Starlette:
     """The ASGI app, whose lifespan starts the stack in the background (and the gRPC server,
-    when given) and stops them at exit."""
+    when given) and stops them at exit. If the stack fails to start, ``on_start_failed`` is
+    called with the error (`serve` exits with it); without one, /ready stays 503."""
     app = http.app()
     settings = stack.config.server
 
@@ -116,9 +118,11 @@ def build_app(stack: Stack, http: Server, grpc: InferenceService | None = None) 
         began = time.monotonic()
         try:
             await stack.start()
-        except Exception:
+        except Exception as error:
             log.exception("stack_start_failed")
-            _say("the stack failed to start; see the log above. /ready stays 503.")
+            _say(f"the stack failed to start: {error}")
+            if on_start_failed is not None:
+                on_start_failed(error)
             return
         models = ", ".join(sorted({e.model.id for e in stack.backends.values()}))
         _say(f"ready in {time.monotonic() - began:.1f}s: serving {models}")
@@ -148,7 +152,13 @@ def serve(stack: Stack) -> int:
     host, port = settings.host, settings.port
     http = Server(stack)
     grpc = InferenceService(stack) if settings.grpc else None
-    app = build_app(stack, http, grpc)
+    failures: list[Exception] = []
+
+    def start_failed(error: Exception) -> None:
+        failures.append(error)
+        server.should_exit = True
+
+    app = build_app(stack, http, grpc, start_failed)
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
                             timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)))
     server = _DrainingServer(config, http, grpc, settings.drain_timeout_s)
@@ -156,7 +166,7 @@ def serve(stack: Stack) -> int:
     warn_if_open(stack, host)
     _say(f"listening on http://{host}:{port} (loading the model; /ready turns 200 when it is loaded)")
     server.run()
-    return 0
+    return 1 if failures else 0
 
 
 def serve_worker(stack: Stack, host: str, port: int) -> int:

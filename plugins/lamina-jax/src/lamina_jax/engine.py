@@ -51,7 +51,7 @@ from lamina_jax.output_processor import OutputProcessor
 from lamina_jax.rates import SpacedRate
 from lamina_jax.scheduler import PrefillWork, Scheduler, Step
 from lamina_jax.sequence import Sequence
-from lamina_jax.tokenizer import GGUFTokenizer
+from lamina_jax.tokenizer import Tokenizer
 
 log = structlog.get_logger(__name__)
 
@@ -79,7 +79,7 @@ class StepTimes:
 class Engine:
     """Steps a model over a continuously changing batch on its own thread."""
 
-    def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer: GGUFTokenizer, *,
+    def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer: Tokenizer, *,
                  max_model_len: int) -> None:
         self.runner, self.scheduler = runner, scheduler
         self.outputs = OutputProcessor(tokenizer, max_model_len=max_model_len)

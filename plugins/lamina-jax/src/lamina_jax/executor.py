@@ -36,14 +36,16 @@ from lamina_jax.options import BUILTIN_MODEL, JaxOptions
 from lamina_jax.sampling import request_key
 from lamina_jax.scheduler import Scheduler
 from lamina_jax.sequence import Sequence
-from lamina_jax.tokenizer import GGUFTokenizer
+from lamina_jax.chat_template import ChatTemplateError
+from lamina_jax.tokenizer import Tokenizer
 from lamina_jax.weight_formats import cast, configure
-from lamina_jax.weights.gguf import load_gguf, smollm2_path
+from lamina_jax.weights.gguf import smollm2_path
+from lamina_jax.weights.model_files import open_model
 
 log = structlog.get_logger(__name__)
 
 class JaxExecutor:
-    """A Llama-family model from a GGUF file, served with continuous batching."""
+    """A Llama-family model from a GGUF file or a Hugging Face directory, served with continuous batching."""
 
     def __init__(self, options: JaxOptions, prefix_cache: PrefixCache | None = None,
                  batching: BatchingPolicy | None = None, prewarm: PrewarmPolicy | None = None) -> None:
@@ -56,12 +58,13 @@ class JaxExecutor:
         self.prefix_cache = prefix_cache
         self.batching = batching
         self.prewarm = prewarm
-        path = smollm2_path() if options.model == BUILTIN_MODEL else Path(options.model)
+        path = smollm2_path() if options.model == BUILTIN_MODEL else Path(options.model).expanduser()
         self.path = path
-        name = options.served_name or (BUILTIN_MODEL if options.model == BUILTIN_MODEL else path.stem)
+        name = options.served_name or (BUILTIN_MODEL if options.model == BUILTIN_MODEL
+                                       else path.name if path.is_dir() else path.stem)
         self.model = ModelInfo(id=name, context_length=options.max_model_len)
         self.engine: Engine | None = None
-        self.tokenizer: GGUFTokenizer | None = None
+        self.tokenizer: Tokenizer | None = None
         self._outstanding = 0
         self._outstanding_tokens = 0
 
@@ -71,20 +74,24 @@ class JaxExecutor:
             self.engine.start()
 
     def _load(self) -> Engine:
+        files = open_model(self.path)
+        config, options = files.config, self.options
+        tokenizer = files.tokenizer
+        if options.chat_template is not None:
+            tokenizer.set_chat_template(_template_text(options.chat_template))
         with tqdm(desc=f"loading {self.path.name}", unit="tensor", leave=False) as bar:
             def progress(done: int, total: int) -> None:
                 bar.total = total
                 bar.update(done - bar.n)
 
-            loaded = load_gguf(self.path, progress=progress)
-        config, options = loaded.config, self.options
+            loaded_params = files.load_params(progress)
         max_len = min(options.max_model_len, config.context_length)
         self.model = attrs.evolve(self.model, context_length=max_len)
         block_bytes = options.block_size * kv_bytes_per_position(config, options.kv_dtype)
         num_blocks = max(int(options.kv_cache_mb * 2**20 // block_bytes), blocks_for(max_len, options.block_size))
-        self.tokenizer = GGUFTokenizer.from_metadata(loaded.metadata)
+        self.tokenizer = tokenizer
         shapes = ModelRunner.shapes_for(max_batch=options.max_batch, prefill_chunk=options.prefill_chunk)
-        params, model_config, shape_weights = self._weights(loaded.params, config, shapes)
+        params, model_config, shape_weights = self._weights(loaded_params, config, shapes)
         runner = ModelRunner(params, model_config, num_blocks=num_blocks, block_size=options.block_size,
                              max_batch=options.max_batch, max_blocks_per_seq=blocks_for(max_len, options.block_size),
                              prefill_chunk=options.prefill_chunk, max_prefills=options.max_prefills,
@@ -94,7 +101,8 @@ class JaxExecutor:
         scheduler = Scheduler(blocks, max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
                               max_prefills=options.max_prefills, table_capacity=runner.table_capacity,
                               batching=self.batching, prewarm=self.prewarm)
-        log.info("model_loaded", model=self.model.id, path=str(self.path), layers=config.n_layers,
+        log.info("model_loaded", model=self.model.id, path=str(self.path), format=files.format,
+                 architecture=files.architecture, layers=config.n_layers,
                  kv_blocks=num_blocks, kv_dtype=options.kv_dtype, block_size=options.block_size,
                  max_model_len=max_len)
         return Engine(runner, scheduler, self.tokenizer, max_model_len=max_len)
@@ -156,7 +164,15 @@ class JaxExecutor:
                 raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
             return ids
         if request.messages is not None:
-            return self.tokenizer.encode_chat([{"role": m.role, "content": m.content} for m in request.messages])
+            if self.tokenizer.chat_template is None:
+                raise InvalidRequestError(
+                    f"model {self.model.id!r} has no chat template, so it cannot take chat messages: send a prompt "
+                    "to /v1/completions, or set the jax executor's chat_template option (inline or a file)",
+                    param="messages")
+            try:
+                return self.tokenizer.encode_chat([{"role": m.role, "content": m.content} for m in request.messages])
+            except ChatTemplateError as error:
+                raise InvalidRequestError(str(error), param="messages") from error
         return self.tokenizer.encode(request.prompt or "")
 
     def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
@@ -218,6 +234,12 @@ class JaxExecutor:
                 engine.abort(seq)
 
 
+def _template_text(value: str) -> str:
+    """The ``chat_template`` option's template: the file it names, or the value itself."""
+    path = Path(value).expanduser()
+    return path.read_text() if "\n" not in value and len(value) < 4096 and path.is_file() else value
+
+
 def build_jax(options: JaxOptions, context: BuildContext) -> JaxExecutor:
-    """A Llama-family GGUF model in JAX with continuous batching and a paged KV cache."""
+    """A Llama-family model (GGUF or Hugging Face directory) in JAX with continuous batching and a paged KV cache."""
     return JaxExecutor(options, context.prefix_cache, context.batching, context.prewarm)

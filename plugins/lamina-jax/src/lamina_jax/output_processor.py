@@ -12,13 +12,13 @@ from lamina_hookspecs.types import FinishReason, TokenChunk, TopLogprob, Usage
 from lamina_jax.model_runner import SampledRow
 from lamina_jax.sequence import Sequence
 from lamina_jax.stop_text import StopText
-from lamina_jax.tokenizer import GGUFTokenizer, IncrementalDetokenizer
+from lamina_jax.tokenizer import Tokenizer, IncrementalDetokenizer
 
 
 class _Output:
     """Per-sequence text state: incremental detokenizer and stop-string filter."""
 
-    def __init__(self, tokenizer: GGUFTokenizer, seq: Sequence) -> None:
+    def __init__(self, tokenizer: Tokenizer, seq: Sequence) -> None:
         self.detokenizer = IncrementalDetokenizer(tokenizer, seq.prompt_ids, skip_special_tokens=True)
         self.stop_text = StopText(seq.sampling.stop)
 
@@ -26,7 +26,7 @@ class _Output:
 class OutputProcessor:
     """The text state of every sequence the engine holds; runs on the engine thread."""
 
-    def __init__(self, tokenizer: GGUFTokenizer, *, max_model_len: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, max_model_len: int) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self._outputs: dict[Sequence, _Output] = {}
@@ -44,16 +44,19 @@ class OutputProcessor:
         token = row.token
         seq.output_ids.append(token)
         finish: FinishReason | None = None
-        text = ""
-        if (token == self.tokenizer.eos_id and not sampling.ignore_eos) or token in sampling.stop_token_ids:
+        text, hit = "", False
+        if (token in self.tokenizer.eos_ids and not sampling.ignore_eos) or token in sampling.stop_token_ids:
             finish = "stop"
         else:
             text, hit = output.stop_text.push(output.detokenizer.add(token))
             finish = "stop" if hit else None
         if finish is None and (len(seq.output_ids) >= sampling.max_tokens or seq.length >= self.max_model_len):
             finish = "length"
-        if finish is not None:
-            text += output.stop_text.flush()  # held-back text is final now ("" after a stop string)
+        if finish is not None and not hit:
+            # held-back text is final now: a partial character, a partial stop string
+            more, hit = output.stop_text.push(output.detokenizer.flush())
+            text += more + ("" if hit else output.stop_text.flush())
+            finish = "stop" if hit else finish
         seq.emit(TokenChunk(
             request_id=seq.request_id,
             index=len(seq.output_ids) - 1,

@@ -2,6 +2,8 @@
 
 import attrs
 
+from lamina_jax.model.rope import RopeScaling
+
 
 @attrs.frozen(kw_only=True)
 class LlamaConfig:
@@ -17,6 +19,9 @@ class LlamaConfig:
     norm_eps: float
     rope_base: float
     context_length: int
+    rope_scaling: RopeScaling = RopeScaling()
+    sliding_window: int | None = None
+    """Keys a query sees, itself included (Mistral's sliding-window attention); ``None``: all before it."""
     matmul_dtype: str | None = None
     """The dtype matrix products compute in: ``None``, the weights' own (bfloat16 weights run
     native bf16 dots accumulating in float32); ``"float32"``, low-precision weights converted to
@@ -27,3 +32,5 @@ class LlamaConfig:
             raise ValueError(f"n_heads ({self.n_heads}) is not a multiple of n_kv_heads ({self.n_kv_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window ({self.sliding_window}) must be at least 1")

