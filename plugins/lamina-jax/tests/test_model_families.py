@@ -18,12 +18,13 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from lamina_hookspecs.errors import InvalidRequestError
 from lamina_hookspecs.types import ChatMessage, Request, SamplingParams
 
 from lamina_jax.executor import JaxExecutor
 from lamina_jax.model.llama import LlamaParams, forward
 from lamina_jax.options import JaxOptions
-from lamina_jax.tokenizer import Tokenizer
+from lamina_jax.tokenizer import IncrementalDetokenizer, Tokenizer
 from lamina_jax.weights.model_files import ModelFileError, ModelFiles, open_model
 
 MODELS = Path(__file__).parent / "data" / "models"
@@ -152,6 +153,21 @@ def test_tokenizer_ids_match_hugging_face_on_sharegpt_text(kind: str, fmt: str) 
             assert tokenizer.decode(tokenizer.encode(s, add_special_tokens=False)) == s
 
 
+@pytest.mark.parametrize("kind", sorted(TOKENIZER_OF))
+def test_streaming_detokenization_is_utf8_safe_for_every_tokenizer_type(kind: str) -> None:
+    """Token by token, the text never holds a broken character and adds up to the full decode."""
+    parity = json.loads((MODELS / "tokenizers" / f"{kind}.json").read_text())
+    tokenizer = loaded(TOKENIZER_OF[kind], "gguf")[0].tokenizer
+    prompt = tokenizer.encode("Hi")
+    for ids in parity["ids"][:150]:
+        detokenizer = IncrementalDetokenizer(tokenizer, prompt)
+        pieces = [detokenizer.add(token_id) for token_id in ids]
+        # after a prompt, SentencePiece's leading "▁" of the first token is a real space
+        expected = tokenizer.decode(prompt + ids)[len(tokenizer.decode(prompt)):]
+        assert "".join(pieces) + detokenizer.flush() == expected
+        assert not any("\ufffd" in piece for piece in pieces) or "\ufffd" in expected
+
+
 def hf_copy(tmp_path: Path, family: str = "qwen2", **config: Any) -> Path:
     directory = tmp_path / family
     shutil.copytree(path_of(family, "hf"), directory)
@@ -190,3 +206,26 @@ def test_hugging_face_special_tokens_and_end_ids() -> None:
     tokenizer = Tokenizer.from_hf(path_of("llama3", "hf"))
     assert tokenizer.token(tokenizer.bos_id) == "<|begin_of_text|>"
     assert {tokenizer.token(i) for i in tokenizer.eos_ids} == {"<|eot_id|>", "<|end_of_text|>"}
+
+
+def test_a_model_without_a_chat_template_answers_400_until_the_option_gives_one(tmp_path: Path) -> None:
+    directory = hf_copy(tmp_path, "qwen3")
+    template = (directory / "chat_template.jinja").read_text()
+    (directory / "chat_template.jinja").unlink()
+    (tmp_path / "chatml.jinja").write_text(template)
+    case = next(c for c in reference("qwen3")["cases"] if c["name"] == "chat")
+
+    async def go(**options: Any) -> list[int]:
+        executor = JaxExecutor(JaxOptions(model=str(directory), weights_dtype="float32", max_batch=2,
+                                          prefill_chunk=64, kv_cache_mb=1, max_model_len=256, **options))
+        await executor.start()
+        try:
+            return [t async for chunk in executor.generate(request_for(case, 0)) for t in chunk.token_ids]
+        finally:
+            await executor.stop()
+
+    with pytest.raises(InvalidRequestError, match="has no chat template.*chat_template option") as refused:
+        asyncio.run(go())
+    assert refused.value.param == "messages"
+    assert asyncio.run(go(chat_template=str(tmp_path / "chatml.jinja"))) == case["greedy_ids"]
+    assert asyncio.run(go(chat_template=template)) == case["greedy_ids"]
