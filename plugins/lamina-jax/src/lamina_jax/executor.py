@@ -84,7 +84,7 @@ class JaxExecutor:
                 bar.total = total
                 bar.update(done - bar.n)
 
-            loaded_params = files.load_params(progress)
+            loaded_params = files.load_params(progress, self._load_dtype())
         max_len = min(options.max_model_len, config.context_length)
         self.model = attrs.evolve(self.model, context_length=max_len)
         block_bytes = options.block_size * kv_bytes_per_position(config, options.kv_dtype)
@@ -106,6 +106,12 @@ class JaxExecutor:
                  kv_blocks=num_blocks, kv_dtype=options.kv_dtype, block_size=options.block_size,
                  max_model_len=max_len)
         return Engine(runner, scheduler, self.tokenizer, max_model_len=max_len)
+
+    def _load_dtype(self) -> str:
+        """The dtype weights are read in: a bfloat16 format's own; float32 where ``auto`` times formats or
+        int8 and q4_1 quantize from it."""
+        fmt = self.options.weights_dtype
+        return "bfloat16" if fmt != "auto" and weight_formats.FORMATS[fmt][0] == "bfloat16" else "float32"
 
     def _weights(self, params: LlamaParams, config: LlamaConfig, shapes: list[tuple[str, int]],
                  ) -> tuple[LlamaParams, LlamaConfig, dict[tuple[str, int], tuple[LlamaParams, LlamaConfig]]]:

@@ -141,8 +141,9 @@ _OPTIONAL = {"bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
 
 
 def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, arch: str = "llama",
-                progress: Progress | None = None) -> LlamaParams:
-    """Dequantize every weight into a `LlamaParams` of float32 JAX arrays.
+                progress: Progress | None = None, dtype: str = "float32") -> LlamaParams:
+    """Dequantize every weight into a `LlamaParams` of JAX arrays in ``dtype``, one tensor at a time
+    (no float32 copy of the whole model is held first).
 
     :param progress: called as ``progress(done, total)`` after each tensor.
     """
@@ -166,7 +167,7 @@ def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, arch: str = "ll
         done += 1
         if progress is not None:
             progress(done, total)
-        return jnp.asarray(array)
+        return jnp.asarray(array, dtype)
 
     def extras(i: int) -> dict[str, jax.Array]:
         q_rows, kv_rows = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim

@@ -115,8 +115,8 @@ def _tensors(files: list[Path]) -> Iterator[tuple[str, jax.Array]]:
 
 
 def load_params(directory: Path, config: LlamaConfig, hf_config: Mapping[str, Any], *,
-                progress: Progress | None = None) -> LlamaParams:
-    """Every weight of the directory's safetensors as float32 JAX arrays, one tensor at a time."""
+                progress: Progress | None = None, dtype: str = "float32") -> LlamaParams:
+    """Every weight of the directory's safetensors as JAX arrays in ``dtype``, one tensor at a time."""
     arch = architecture(hf_config)
     biased = arch in _BIASED or bool(hf_config.get("attention_bias"))
     tied = bool(hf_config.get("tie_word_embeddings", False))
@@ -156,7 +156,7 @@ def load_params(directory: Path, config: LlamaConfig, hf_config: Mapping[str, An
         field, shape = expected[name]
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{directory}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape}")
-        loaded[field] = jnp.asarray(tensor, jnp.float32)
+        loaded[field] = jnp.asarray(tensor, dtype)
         if progress is not None:
             progress(len(loaded), len(expected))
     missing = [name for name, (field, _) in expected.items() if field not in loaded]

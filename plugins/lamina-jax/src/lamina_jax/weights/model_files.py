@@ -35,12 +35,12 @@ class ModelFiles:
     architecture: str
     config: LlamaConfig
     tokenizer: Tokenizer
-    _read_params: Callable[[Progress | None], LlamaParams]
+    _read_params: Callable[[Progress | None, str], LlamaParams]
 
-    def load_params(self, progress: Progress | None = None) -> LlamaParams:
-        """Read every weight as float32; ``progress(done, total)`` after each tensor."""
+    def load_params(self, progress: Progress | None = None, dtype: str = "float32") -> LlamaParams:
+        """Read every weight, converted to ``dtype`` tensor by tensor; ``progress(done, total)`` after each."""
         try:
-            return self._read_params(progress)
+            return self._read_params(progress, dtype)
         except (ValueError, KeyError, OSError) as error:
             raise ModelFileError(f"{self.path}: {error}") from error
 
@@ -50,7 +50,8 @@ def _open_gguf(path: Path) -> ModelFiles:
     arch = metadata["general.architecture"]
     return ModelFiles(path=path, format="gguf", architecture=arch, config=config,
                       tokenizer=Tokenizer.from_gguf(metadata),
-                      read_params=lambda progress: gguf.load_params(reader, config, arch=arch, progress=progress))
+                      read_params=lambda progress, dtype: gguf.load_params(reader, config, arch=arch,
+                                                                           progress=progress, dtype=dtype))
 
 
 def _open_hf(path: Path) -> ModelFiles:
@@ -61,7 +62,8 @@ def _open_hf(path: Path) -> ModelFiles:
                                 f"alone are not enough)")
     return ModelFiles(path=path, format="hf", architecture=hf.architecture(hf_config), config=config,
                       tokenizer=Tokenizer.from_hf(path),
-                      read_params=lambda progress: hf.load_params(path, config, hf_config, progress=progress))
+                      read_params=lambda progress, dtype: hf.load_params(path, config, hf_config,
+                                                                         progress=progress, dtype=dtype))
 
 
 def open_model(path: str | Path) -> ModelFiles:
