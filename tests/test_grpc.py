@@ -276,6 +276,20 @@ def test_health_follows_the_executors(monkeypatch: pytest.MonkeyPatch) -> None:
     run({"executor": {"use": "flaky"}}, scenario, ("flaky", flaky))
 
 
+def test_one_health_poller_runs_until_drain() -> None:
+    def pollers() -> list[asyncio.Task[Any]]:
+        return [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "_poll_health"]  # type: ignore[union-attr]
+
+    async def scenario(live: Live) -> None:
+        await live.service.watch_health()  # start_grpc watches already: a second call adds no poller
+        assert len(pollers()) == 1
+        await live.service.drain()
+        await asyncio.sleep(0)
+        assert not [t for t in pollers() if not t.done()]
+
+    run({"executor": {"use": "echo"}}, scenario)
+
+
 class Recording:
     """An executor that answers one token and keeps the requests it was given."""
 

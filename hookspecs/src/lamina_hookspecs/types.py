@@ -8,12 +8,16 @@ when a request arrives and fills it in as the request moves through the stack.
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Literal, get_args
 
 import attrs
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 Role = Literal["system", "user", "assistant", "tool"]
+ROLES: tuple[str, ...] = get_args(Role)
+"""The chat roles a request may carry."""
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives per token a request may ask for (OpenAI's limit)."""
 
 
 def _tuple_of_ints(value: object) -> tuple[int, ...]:

@@ -9,9 +9,9 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lamina_hookspecs.types import ROLES
 from lamina.server import openai_api
 from lamina.testing.contracts import ValidatorContract
-from lamina_admission import openai_schemas
 from lamina_admission.schema_validator import (
     SchemaValidator,
     SchemaValidatorOptions,
@@ -117,8 +117,6 @@ def test_schemas_are_published_data() -> None:
     # The field sets and roles are the parser's.
     assert set(VALIDATOR.schemas["chat"]["properties"]) == openai_api.CHAT_FIELDS
     assert set(VALIDATOR.schemas["completion"]["properties"]) == openai_api.COMPLETION_FIELDS
-    assert openai_schemas.ROLES == openai_api.ROLES
-    assert openai_schemas.MAX_TOP_LOGPROBS == openai_api.MAX_TOP_LOGPROBS
 
 
 def test_other_schemas_can_be_compiled() -> None:
@@ -448,7 +446,7 @@ def _one(*values: Any) -> st.SearchStrategy[Any]:
 
 
 _VALID_MESSAGE = st.fixed_dictionaries(
-    {"role": st.sampled_from(openai_api.ROLES),
+    {"role": st.sampled_from(ROLES),
      "content": _TEXT | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _TEXT}), max_size=2)},
     optional={"name": _TEXT, "tool_call_id": _TEXT})
 # Values the parser accepts, field by field.
@@ -479,7 +477,7 @@ _FLAG = st.sampled_from([None, True, False, 0, 1, "true"])
 _PART = st.fixed_dictionaries({}, optional={"type": st.sampled_from(["text", "image_url", None]),
                                             "text": _TEXT | st.just(1), "cache_control": _JSON})
 _MESSAGE = st.fixed_dictionaries({}, optional={
-    "role": st.sampled_from([*openai_api.ROLES, "robot", None]),
+    "role": st.sampled_from([*ROLES, "robot", None]),
     "content": _TEXT | st.lists(_PART, max_size=2) | st.none(),
     "name": _TEXT, "tool_call_id": _TEXT}) | _JSON
 _TOKENS = st.lists(st.integers(-1, 5) | st.sampled_from([True, 1.5, 2.0]), max_size=3)

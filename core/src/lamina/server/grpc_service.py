@@ -154,9 +154,11 @@ class InferenceService(pb_grpc.InferenceServicer):
         return len(self._flights)
 
     async def watch_health(self) -> None:
-        """Report the executors' health now, then keep it in step (every second) until :meth:`drain`."""
+        """Report the executors' health now, then keep it in step (every second) until :meth:`drain`;
+        one poller however often it is called."""
         await self._report_health()
-        self._health_task = asyncio.create_task(self._poll_health())
+        if self._health_task is None or self._health_task.done():
+            self._health_task = asyncio.create_task(self._poll_health())
 
     async def _report_health(self) -> None:
         healthy = all(executor.state().healthy for executor in self.stack.backends.values())

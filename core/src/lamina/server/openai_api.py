@@ -14,10 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lamina_hookspecs.errors import InvalidRequestError
-from lamina_hookspecs.types import ChatMessage, Completion, Request, SamplingParams, TokenChunk, Usage
-
-ROLES = ("system", "user", "assistant", "tool")
-MAX_TOP_LOGPROBS = 20
+from lamina_hookspecs.types import (MAX_TOP_LOGPROBS, ROLES, ChatMessage, Completion, Request, SamplingParams,
+                                    TokenChunk, Usage)
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options",
            "user", "presence_penalty", "frequency_penalty", "logit_bias", "ignore_eos", "stop_token_ids"}

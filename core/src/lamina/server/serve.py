@@ -182,7 +182,6 @@ def serve_worker(stack: Stack, host: str, port: int) -> int:
         await stack.start()
         service = InferenceService(stack, trust_tenant=True)
         server, bound = await start_grpc(service, host, port)
-        await service.watch_health()
         _say(f"worker ready in {time.monotonic() - began:.1f}s on {host}:{bound}")
         await stopping.wait()
         await service.drain()

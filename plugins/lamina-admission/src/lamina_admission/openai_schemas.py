@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from lamina_hookspecs.types import MAX_TOP_LOGPROBS, ROLES
+
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
-ROLES = ("system", "user", "assistant", "tool")
-MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 
 

@@ -28,14 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from lamina_hookspecs.types import MAX_TOP_LOGPROBS
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import ATTENTION_CHUNK, KVCache, KVDtype, LlamaParams, decode, init_cache, prefill_packed
 from lamina_jax.sampling import SampleResult, SamplingBatch, sample
 from lamina_jax.scheduler import PrefillWork
 from lamina_jax.sequence import Sequence
 
-MAX_TOP_LOGPROBS = 20
-"""The most alternatives a request may ask for (OpenAI's limit)."""
 
 SORT_CAP = 256
 """Random rows whose candidates fit in the first ``SORT_CAP`` skip the full-vocabulary sort."""
