@@ -31,6 +31,14 @@ def test_openai_client_gets_the_reference_greedy_tokens_and_clients_that_leave_f
                                           messages=[{"role": "user", "content": "What is the capital of France?"}])
     assert "Paris" in chat.choices[0].message.content
     assert chat.usage.prompt_tokens > 20, "the chat template (with its default system prompt) was applied"
+    paris = prompt["greedy_token_ids"][0]  # the sampling controls reach the real model through the client
+    forced = client.completions.create(model="smollm2-135m-instruct", prompt=prompt["prompt"], max_tokens=3,
+                                       temperature=0.7, seed=1, logit_bias={"1234": 100}, stream=True)
+    assert [t for e in forced if e.choices for t in (e.choices[0].model_extra or {}).get("token_ids", [])] == [1234] * 3
+    banned = client.completions.create(model="smollm2-135m-instruct", prompt=prompt["prompt"], max_tokens=1,
+                                       temperature=0, logit_bias={str(paris): -100}, stream=True,
+                                       extra_body={"repetition_penalty": 1.1, "min_p": 0.05})
+    assert paris not in [t for e in banned if e.choices for t in (e.choices[0].model_extra or {}).get("token_ids", [])]
 
     clients_leave_mid_answer(server)
 

@@ -16,12 +16,14 @@ from lamina.plugins import load_plugins
 from lamina.remote import RemoteExecutor
 from lamina.server import grpc_service
 from lamina.server.grpc_service import InferenceService, start_grpc
+from lamina.server.openai_api import parse_completion
 from lamina.server.proto.lamina.v1 import inference_pb2 as pb
 from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
 from lamina.server.queue_wait import MAX_QUEUE_WAIT_HEADER
 from lamina.stack import Stack
 from lamina.stack_config import StackConfig
 from lamina_hookspecs import hookimpl
+from lamina_hookspecs.errors import InvalidRequestError
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
 
 ECHO = {"executor": {"use": "echo", "context_length": 64}}
@@ -339,6 +341,34 @@ def test_the_clients_queue_wait_bound_reaches_the_executor_and_a_gateways_worker
         assert recording.requests[-1].max_queue_wait_s == 0.75
 
     run({"executor": {"use": "recording"}}, scenario, ("recording", recording))
+
+
+def test_sampling_controls_cross_grpc_and_a_gateway_unchanged() -> None:
+    """Penalties, logit_bias, min_p and min_tokens parsed from an OpenAI body reach the executor the
+    same whether the request came over gRPC directly or through a gateway's remote backend."""
+    recording = Recording()
+    body = {"model": "recording", "prompt": "hi", "max_tokens": 8, "presence_penalty": 0.5,
+            "frequency_penalty": -1, "repetition_penalty": 1.2, "logit_bias": {"5": -100, "9": 3.5},
+            "min_p": 0.05, "min_tokens": 2}
+    sampling = parse_completion(body, "r0", "t").sampling
+
+    async def scenario(live: Live) -> None:
+        remote = RemoteExecutor("w", live.address, connect_timeout_s=5)
+        await remote.start()
+        try:
+            request = Request(id="r1", model="recording", prompt="hi", sampling=sampling)
+            assert [c.text async for c in remote.generate(request)] == ["ok"]
+        finally:
+            await remote.stop()
+        assert recording.requests[-1].sampling == sampling
+
+    assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty, sampling.logit_bias,
+            sampling.min_p, sampling.min_tokens) == (0.5, -1.0, 1.2, ((5, -100.0), (9, 3.5)), 0.05, 2)
+    run({"executor": {"use": "recording"}}, scenario, ("recording", recording))
+    with pytest.raises(InvalidRequestError, match="min_tokens: must be at most max_tokens"):
+        parse_completion({**body, "min_tokens": 9}, "r2", "t")
+    with pytest.raises(InvalidRequestError, match="logit_bias: keys must be token ids"):
+        parse_completion({**body, "logit_bias": {"x": 1}}, "r3", "t")
 
 
 def test_get_state_reports_the_executors_state() -> None:

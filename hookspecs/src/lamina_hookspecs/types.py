@@ -18,6 +18,8 @@ ROLES: tuple[str, ...] = get_args(Role)
 """The chat roles a request may carry."""
 MAX_TOP_LOGPROBS = 20
 """The most alternatives per token a request may ask for (OpenAI's limit)."""
+MAX_LOGIT_BIAS = 300
+"""The most token ids one request's ``logit_bias`` may name."""
 
 
 def _tuple_of_ints(value: object) -> tuple[int, ...]:
@@ -34,6 +36,14 @@ class SamplingParams:
     ``ignore_eos``), at any of ``stop_token_ids``, or where the text contains one of ``stop``
     (the stop string itself is not returned). ``top_logprobs`` alternatives are returned
     per token when ``logprobs`` is set.
+
+    The logits are adjusted before any choice, greedy included, as vLLM and OpenAI do:
+    ``logit_bias`` (token id, added value) pairs, kept in id order; ``presence_penalty`` and ``frequency_penalty``
+    subtracted once per generated token seen, and per time it was generated; ``repetition_penalty``
+    dividing (positive) or multiplying (negative) the logit of every token in the prompt or the
+    output; ``min_p`` drops tokens less likely than that fraction of the most likely one (after
+    temperature); and until ``min_tokens`` tokens are generated, the end-of-sequence and stop tokens
+    cannot be chosen and stop strings do not end the output. Logprobs stay those of the model.
     """
 
     max_tokens: int | None = attrs.field(
@@ -50,6 +60,22 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = attrs.field(default=0, validator=attrs.validators.ge(0))
     ignore_eos: bool = False
+    presence_penalty: float = attrs.field(default=0.0, validator=[attrs.validators.ge(-2.0),
+                                                                  attrs.validators.le(2.0)])
+    frequency_penalty: float = attrs.field(default=0.0, validator=[attrs.validators.ge(-2.0),
+                                                                   attrs.validators.le(2.0)])
+    repetition_penalty: float = attrs.field(default=1.0, validator=attrs.validators.gt(0.0))
+    logit_bias: tuple[tuple[int, float], ...] = attrs.field(
+        default=(), converter=lambda pairs: tuple(sorted((int(t), float(b)) for t, b in pairs)),
+        validator=attrs.validators.max_len(MAX_LOGIT_BIAS))
+    min_p: float = attrs.field(default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)])
+    min_tokens: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether penalties or a logit bias change the logits (``min_p`` and ``min_tokens`` aside)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
 
 
 @attrs.frozen(kw_only=True)

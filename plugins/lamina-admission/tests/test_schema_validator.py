@@ -255,9 +255,12 @@ INVALID = [
     ("chat", {**CHAT, "stream_options": True}, "stream_options", "must be an object or null"),
     ("chat", {**CHAT, "user": 1}, "user", "must be a string or null"),
     ("chat", {**CHAT, "n": 2}, "n", "must be 1"),
-    ("chat", {**CHAT, "presence_penalty": 0.5}, "presence_penalty", "must be 0"),
-    ("chat", {**CHAT, "frequency_penalty": 1}, "frequency_penalty", "must be 0"),
-    ("chat", {**CHAT, "logit_bias": {"1": 5}}, "logit_bias", "must be {}"),
+    ("chat", {**CHAT, "presence_penalty": 2.5}, "presence_penalty", "must be <= 2"),
+    ("chat", {**CHAT, "frequency_penalty": -3}, "frequency_penalty", "must be >= -2"),
+    ("chat", {**CHAT, "repetition_penalty": 0}, "repetition_penalty", "must be > 0"),
+    ("chat", {**CHAT, "min_p": 1.5}, "min_p", "must be <= 1"),
+    ("chat", {**CHAT, "min_tokens": -1}, "min_tokens", "must be >= 0"),
+    ("chat", {**CHAT, "logit_bias": {"1": 500}}, "logit_bias[1]", "must be <= 100"),  # jsonschema-rs: a numeric key reads as an index
     ("chat", {**CHAT, "tools": [{"type": "function"}]}, "tools", "must be []"),
     ("chat", {**CHAT, "tool_choice": "auto"}, "tool_choice", "must be none"),
     ("chat", {**CHAT, "parallel_tool_calls": True}, "parallel_tool_calls", "must be false"),
@@ -363,13 +366,14 @@ def _quirk(endpoint: str, body: Any) -> str | None:
     * JSON Schema's ``integer`` admits integral floats (``5.0``); the parser refuses them.
       The schema lets them through and the parser still answers 400 (draft-07 cannot say it).
     * The parser compares the one supported value with Python's ``==``, so ``n: true``,
-      ``presence_penalty: false``, ``tools: "none"`` or ``tool_choice: []`` slip through it;
-      JSON equality keeps ``true`` apart from ``1`` and each field to its own value, so the
-      schema refuses them.
+      ``tools: "none"`` or ``tool_choice: []`` slip through it; JSON equality keeps ``true``
+      apart from ``1`` and each field to its own value, so the schema refuses them.
+    * ``min_tokens`` above ``max_tokens`` (one field bounded by another) the parser refuses;
+      draft-07 cannot say it.
     """
     if not isinstance(body, dict):
         return None
-    integer_fields = ["max_tokens", "max_completion_tokens", "top_k", "seed", "top_logprobs"]
+    integer_fields = ["max_tokens", "max_completion_tokens", "top_k", "seed", "top_logprobs", "min_tokens"]
     if endpoint == "completion":
         integer_fields.append("logprobs")
 
@@ -381,9 +385,12 @@ def _quirk(endpoint: str, body: Any) -> str | None:
     if any(isinstance(body.get(k), float) and body[k].is_integer() for k in integer_fields) \
             or integral_float(body.get("stop_token_ids")) or integral_float(body.get("prompt")):
         return "integral float"
-    if any(body.get(k) is True for k in ("n", "best_of")) \
-            or any(body.get(k) is False for k in ("presence_penalty", "frequency_penalty")):
+    if any(body.get(k) is True for k in ("n", "best_of")):
         return "bool equals number"
+    limit = body.get("max_completion_tokens") if endpoint == "chat" else None
+    limit = body.get("max_tokens") if limit is None else limit
+    if isinstance(limit, int) and isinstance(body.get("min_tokens"), int) and body["min_tokens"] > limit:
+        return "min_tokens above max_tokens"
     for key, one in (("tools", []), ("tool_choice", "none"), ("parallel_tool_calls", False)):
         value = body.get(key)
         if value is not None and value in ([], "none", False) and not (type(value) is type(one) and value == one):
@@ -396,7 +403,7 @@ KNOWN_DIFFERENCES = [
     ("completion", {**COMPLETION, "prompt": [1.0, 2.0]}, False, True),
     ("chat", {**CHAT, "n": True}, True, False),
     ("completion", {**COMPLETION, "best_of": True}, True, False),
-    ("chat", {**CHAT, "presence_penalty": False}, True, False),
+    ("chat", {**CHAT, "max_tokens": 2, "min_tokens": 3}, False, True),
     ("chat", {**CHAT, "tools": "none"}, True, False),
     ("chat", {**CHAT, "tool_choice": []}, True, False),
     ("chat", {**CHAT, "parallel_tool_calls": 0}, True, False),
@@ -460,7 +467,10 @@ _VALID = {
     "top_k": st.none() | st.integers(-1, 100), "seed": st.none() | st.integers(-2**63, 2**63 - 1),
     "stop": st.none() | _NONEMPTY | st.lists(_NONEMPTY, max_size=4),
     "n": _one(1, 1.0), "best_of": _one(1), "echo": _one(False), "suffix": _one(),
-    "presence_penalty": _one(0, 0.0), "frequency_penalty": _one(0, -0.0), "logit_bias": _one({}),
+    "presence_penalty": st.none() | st.floats(-2, 2), "frequency_penalty": st.none() | st.integers(-2, 2),
+    "repetition_penalty": st.none() | st.floats(0, 10, exclude_min=True), "min_p": st.none() | st.floats(0, 1),
+    "min_tokens": st.none() | st.integers(0, 1),
+    "logit_bias": st.none() | st.dictionaries(st.integers(0, 10**9 - 1).map(str), st.floats(-100, 100), max_size=3),
     "tools": _one([]), "tool_choice": _one("none"), "parallel_tool_calls": _one(False),
     "response_format": _one({"type": "text"}),
     "stream": st.booleans(), "ignore_eos": st.booleans(),
@@ -490,7 +500,8 @@ _BREAK = {
     "stream_options": st.fixed_dictionaries({}, optional={"include_usage": _FLAG, "other": _FLAG}) | _JSON,
     "stream": _FLAG, "ignore_eos": _FLAG, "echo": _FLAG, "parallel_tool_calls": _FLAG,
     "logprobs": _FLAG | _NUMBER, "user": _TEXT | _JSON, "suffix": _TEXT | st.none(),
-    "logit_bias": st.sampled_from([{}, {"1": 1}, [], None]),
+    "logit_bias": st.sampled_from([{}, {"1": 1}, [], None, {"a": 1}, {"-1": 1}, {"1": 101}, {"1": True},
+                                   {"²": 1}, {"1234567890": 1}]),
     "tools": st.sampled_from([[], [{}], "none", None, False]),
     "tool_choice": st.sampled_from(["none", "auto", None, []]),
     "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}, None, "text"]),

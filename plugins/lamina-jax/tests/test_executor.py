@@ -399,3 +399,54 @@ def test_bfloat16_computed_in_float32_is_close_to_float32(tiny_gguf: Path) -> No
             await executor.stop()
 
     assert run(lambda: go("bfloat16-f32"))[:2] == run(lambda: go("float32"))[:2]
+
+
+def penalized_greedy(path: Path, prompt: list[int], count: int, *, presence: float, frequency: float,
+                     repetition: float) -> list[int]:
+    """Greedy continuation with vLLM's penalty formulas applied to full forward passes' logits."""
+    model = load_gguf(path)
+    tokens = list(prompt)
+    for _ in range(count):
+        logits = np.asarray(forward(model.params, jnp.asarray(tokens + [0] * (128 - len(tokens))),
+                                    config=model.config)[len(tokens) - 1], np.float64)
+        for token in set(tokens):
+            logits[token] = logits[token] / repetition if logits[token] > 0 else logits[token] * repetition
+        outputs = tokens[len(prompt):]
+        for token in set(outputs):
+            logits[token] -= frequency * outputs.count(token) + presence
+        tokens.append(int(np.argmax(logits)))
+    return tokens[len(prompt):]
+
+
+def test_penalties_logit_bias_and_min_tokens_through_the_executor(tiny_gguf: Path) -> None:
+    prompt = [5, 9, 14, 9, 5, 22, 31]
+    penalties = dict(presence_penalty=0.7, frequency_penalty=0.4, repetition_penalty=1.8)
+
+    async def go() -> list[list[int]]:
+        executor = await started(tiny_gguf, max_batch=4)
+        eos = executor.tokenizer.eos_id
+        requests = [
+            Request(id="pen", model="m", prompt_token_ids=prompt,
+                    sampling=SamplingParams(max_tokens=12, **GREEDY, **penalties)),
+            Request(id="plain", model="m", prompt_token_ids=prompt, sampling=SamplingParams(max_tokens=12, **GREEDY)),
+            Request(id="bias", model="m", prompt_token_ids=prompt,
+                    sampling=SamplingParams(max_tokens=5, temperature=0.9, seed=3, logit_bias=((42, 100.0),))),
+            Request(id="eos-now", model="m", prompt_token_ids=prompt,
+                    sampling=SamplingParams(max_tokens=8, temperature=0.0, logit_bias=((eos, 100.0),))),
+            Request(id="eos-later", model="m", prompt_token_ids=prompt,
+                    sampling=SamplingParams(max_tokens=8, temperature=0.0, logit_bias=((eos, 100.0),), min_tokens=3)),
+        ]
+        results = await asyncio.gather(*(collect(executor, r) for r in requests))
+        with pytest.raises(InvalidRequestError, match="logit_bias: token ids must be below"):
+            executor.generate(Request(id="x", model="m", prompt_token_ids=prompt,
+                                      sampling=SamplingParams(logit_bias=((10**6, 1.0),))))
+        await executor.stop()
+        assert results[3][-1].finish_reason == results[4][-1].finish_reason == "stop"
+        return [tokens_of(chunks) for chunks in results]
+
+    penalized, plain, biased, eos_now, eos_later = run(go)
+    assert penalized == penalized_greedy(tiny_gguf, prompt, 12, presence=0.7, frequency=0.4, repetition=1.8)
+    assert penalized != plain and len(set(penalized)) >= len(set(plain))
+    assert biased == [42] * 5
+    eos = eos_now[0]
+    assert eos_now == [eos] and len(eos_later) == 4 and eos not in eos_later[:3] and eos_later[3] == eos

@@ -1,11 +1,12 @@
-"""Batched per-row sampling against numpy references: greedy, temperature, top-k, top-p, logprobs."""
+"""Batched per-row sampling against numpy references: greedy, temperature, top-k, top-p, min-p,
+penalties, logit bias, logprobs."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lamina_jax.sampling import SampleResult, SamplingBatch, request_key, sample
+from lamina_jax.sampling import SampleResult, SamplingBatch, request_key, sample, unadjusted
 
 VOCAB = 64
 
@@ -21,16 +22,22 @@ def run(
     num_top: int = 0,
     max_top_k: int | None = None,
     all_greedy: bool = False,
+    min_p: float = 0.0,
+    **adjust: object,
 ) -> SampleResult:
-    """`sample` on ``logits [B, V]``; scalars apply to every row, rows default to seed = row index."""
+    """`sample` on ``logits [B, V]``; scalars apply to every row, rows default to seed = row index;
+    ``adjust`` replaces fields of `unadjusted` (and turns adjusting on)."""
     rows = logits.shape[0]
     keys = np.stack([request_key(seed) for seed in (seeds if seeds is not None else range(rows))])
+    fields = unadjusted(rows, 8) | adjust | ({"adjust": np.bool_(True)} if adjust else {})
     batch = SamplingBatch(
         temperature=jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), (rows,)),
         top_k=jnp.broadcast_to(jnp.asarray(top_k, jnp.int32), (rows,)),
         top_p=jnp.broadcast_to(jnp.asarray(top_p, jnp.float32), (rows,)),
         keys=jnp.asarray(keys),
         steps=jnp.asarray(np.zeros(rows) if steps is None else steps, jnp.int32),
+        min_p=jnp.full((rows,), min_p, jnp.float32),
+        **fields,
     )
     return sample(jnp.asarray(logits), batch, num_top=num_top, max_top_k=max_top_k, all_greedy=all_greedy)
 
@@ -191,3 +198,53 @@ def test_one_compile_serves_every_mix() -> None:
     ):
         run(logits, temperature=temperature, top_k=top_k, top_p=top_p, num_top=2)
     assert sample._cache_size() == before + 1
+
+
+def test_penalties_follow_vllms_formulas() -> None:
+    logits = random_logits(2, seed=11)
+    history = np.full((2, 8), -1, np.int32)
+    history[0, :5] = [3, 4, 5, 5, 9]  # prompt 3, 4; output 5, 5, 9
+    history[1, :2] = [7, 7]  # prompt only
+    output_from = np.array([2, 2], np.int32)
+    repetition, presence, frequency = np.array([1.5, 2.0], np.float32), np.array([0.5, 0.5], np.float32), \
+        np.array([0.25, 0.25], np.float32)
+    result = run(logits, temperature=0.0, history=history, output_from=output_from, repetition=repetition,
+                 presence=presence, frequency=frequency)
+    expected = logits.astype(np.float64).copy()
+    for row in range(2):
+        seen = set(history[row][history[row] >= 0].tolist())
+        for token in seen:
+            value = expected[row, token]
+            expected[row, token] = value / repetition[row] if value > 0 else value * repetition[row]
+        outputs = history[row, output_from[row]:]
+        for token in set(outputs[outputs >= 0].tolist()):
+            count = int((outputs == token).sum())
+            expected[row, token] -= frequency[row] * count + presence[row]
+    assert result.tokens.tolist() == expected.argmax(axis=-1).tolist()
+    # logprobs stay the model's own
+    np.testing.assert_allclose(np.asarray(result.logprobs),
+                               log_softmax(logits)[np.arange(2), np.asarray(result.tokens)], atol=1e-5)
+
+
+def test_a_logit_bias_forces_and_forbids_tokens() -> None:
+    logits = random_logits(3, seed=12)
+    bias_ids = np.full((3, unadjusted(3, 1)["bias_ids"].shape[1]), -1, np.int32)
+    bias_values = np.zeros(bias_ids.shape, np.float32)
+    bias_ids[0, 0], bias_values[0, 0] = 17, 100.0  # row 0 must pick 17
+    top = logits[1].argmax()
+    bias_ids[1, 0], bias_values[1, 0] = top, -np.inf  # row 1 may not pick its argmax
+    result = run(logits, temperature=[0.0, 0.0, 1.0], bias_ids=bias_ids, bias_values=bias_values)
+    tokens = np.asarray(result.tokens)
+    assert tokens[0] == 17
+    assert tokens[1] == np.argsort(-logits[1])[1]
+    # an unbiased row draws exactly what it would have without any adjustment in the batch
+    assert tokens[2] == np.asarray(run(logits, temperature=[0.0, 0.0, 1.0]).tokens)[2]
+
+
+def test_min_p_keeps_only_tokens_near_the_most_likely() -> None:
+    logits = np.full((64, VOCAB), -10.0, np.float32)
+    logits[:, :3] = [2.0, 1.9, 0.0]  # probabilities relative to the top: 1, 0.905, 0.135
+    result = run(logits, temperature=1.0, min_p=0.5, seeds=list(range(64)))
+    drawn = set(np.asarray(result.tokens).tolist())
+    assert drawn == {0, 1}
+    assert set(np.asarray(run(logits, temperature=1.0, seeds=list(range(64))).tokens).tolist()) > {0, 1}

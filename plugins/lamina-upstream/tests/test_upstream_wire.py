@@ -5,6 +5,7 @@ load figures."""
 from __future__ import annotations
 
 import httpx
+import attrs
 import pytest
 from lamina_hookspecs.errors import (
     BackendLostError, ConfigError, InternalError, InvalidRequestError, RateLimitError, ServiceUnavailableError,
@@ -54,6 +55,28 @@ def test_completion_bodies_carry_text_or_token_prompts_and_every_sampling_field(
         upstream_call(Request(id="r", model="m", prompt="x", sampling=SamplingParams(stop_token_ids=(2,))),
                       "m", "llama-server")
     assert refused.value.param == "stop_token_ids"
+
+
+def test_sampling_controls_reach_each_engine_under_its_own_names() -> None:
+    sampling = SamplingParams(presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.3,
+                              logit_bias=((7, -100.0), (9, 2.5)), min_p=0.1, min_tokens=4)
+    request = Request(id="r", model="m", prompt="x", sampling=sampling)
+    _, vllm = upstream_call(request, "m", "vllm")
+    assert {k: vllm[k] for k in ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+                                 "min_p", "min_tokens")} == {
+        "presence_penalty": 0.5, "frequency_penalty": -0.25, "repetition_penalty": 1.3,
+        "logit_bias": {"7": -100.0, "9": 2.5}, "min_p": 0.1, "min_tokens": 4}
+    with pytest.raises(InvalidRequestError) as refused:
+        upstream_call(request, "m", "llama-server")
+    assert refused.value.param == "min_tokens"
+    _, llama = upstream_call(attrs.evolve(request, sampling=attrs.evolve(sampling, min_tokens=0)), "m",
+                             "llama-server")
+    assert (llama["repeat_penalty"], llama["repeat_last_n"], llama["min_p"], llama["logit_bias"]) == (
+        1.3, -1, 0.1, {"7": -100.0, "9": 2.5})
+    assert "repetition_penalty" not in llama and "min_tokens" not in llama
+    _, plain = upstream_call(Request(id="r", model="m", prompt="x"), "m", "vllm")
+    assert not {"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_p",
+                "min_tokens"} & set(plain)
 
 
 def _llama_entry(token_id: int, text: str, logprob: float) -> dict[str, object]:

@@ -50,7 +50,10 @@ def to_proto_request(request: Request) -> pb.GenerateRequest:
     s = request.sampling
     sampling = pb.SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, stop=s.stop,
                                  stop_token_ids=s.stop_token_ids, logprobs=s.logprobs,
-                                 top_logprobs=s.top_logprobs, ignore_eos=s.ignore_eos)
+                                 top_logprobs=s.top_logprobs, ignore_eos=s.ignore_eos,
+                                 presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+                                 repetition_penalty=s.repetition_penalty, logit_bias=dict(s.logit_bias),
+                                 min_p=s.min_p, min_tokens=s.min_tokens)
     if s.max_tokens is not None:
         sampling.max_tokens = s.max_tokens
     if s.seed is not None:

@@ -77,9 +77,13 @@ def openai_body(request: pb.GenerateRequest) -> tuple[str, dict[str, Any]]:
     """
     sampling = request.sampling
     body: dict[str, Any] = {"model": request.model, "stream": True, "top_k": sampling.top_k,
-                            "stop_token_ids": list(sampling.stop_token_ids), "ignore_eos": sampling.ignore_eos}
-    body.update({key: getattr(sampling, key) for key in ("max_tokens", "temperature", "top_p", "seed")
-                 if sampling.HasField(key)})
+                            "stop_token_ids": list(sampling.stop_token_ids), "ignore_eos": sampling.ignore_eos,
+                            "presence_penalty": sampling.presence_penalty,
+                            "frequency_penalty": sampling.frequency_penalty, "min_p": sampling.min_p,
+                            "min_tokens": sampling.min_tokens,
+                            "logit_bias": {str(t): b for t, b in sampling.logit_bias.items()}}
+    body.update({key: getattr(sampling, key) for key in ("max_tokens", "temperature", "top_p", "seed",
+                                                         "repetition_penalty") if sampling.HasField(key)})
     if sampling.stop:
         body["stop"] = list(sampling.stop)
     if request.user:

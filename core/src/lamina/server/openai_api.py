@@ -2,23 +2,26 @@
 
 Parsing checks every field it knows with an error that names it
 (``temperature: must be a number between 0 and 2``). Fields OpenAI defines but Lamina does
-not support yet, or supports only at one value (``n`` > 1, penalties, ``logit_bias``,
-tools), are refused with a 400 rather than silently ignored; unknown fields too, as
-OpenAI's own API does.
+not support yet, or supports only at one value (``n`` > 1, tools, structured output), are
+refused with a 400 rather than silently ignored; unknown fields too, as OpenAI's own API does.
+Besides OpenAI's fields, vLLM's sampling extensions are read: ``top_k``, ``min_p``,
+``repetition_penalty``, ``min_tokens``, ``ignore_eos`` and ``stop_token_ids``.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lamina_hookspecs.errors import InvalidRequestError
-from lamina_hookspecs.types import (MAX_TOP_LOGPROBS, ROLES, ChatMessage, Completion, Request, SamplingParams,
-                                    TokenChunk, Usage)
+from lamina_hookspecs.types import (MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLES, ChatMessage, Completion, Request,
+                                    SamplingParams, TokenChunk, Usage)
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options",
-           "user", "presence_penalty", "frequency_penalty", "logit_bias", "ignore_eos", "stop_token_ids"}
+           "user", "presence_penalty", "frequency_penalty", "logit_bias", "ignore_eos", "stop_token_ids",
+           "repetition_penalty", "min_p", "min_tokens"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "parallel_tool_calls",
                          "tools", "tool_choice", "response_format"}
@@ -64,9 +67,6 @@ def _check_fields(body: Mapping[str, Any], known: set[str]) -> None:
     _only(body, "best_of", lambda v: v == 1, "best_of = 1")
     _only(body, "echo", lambda v: v is False, "echo = false")
     _only(body, "suffix", lambda v: False, "no suffix")
-    for key in ("presence_penalty", "frequency_penalty"):
-        _only(body, key, lambda v: v == 0, f"{key} = 0")
-    _only(body, "logit_bias", lambda v: v == {}, "an empty logit_bias")
     for key in ("tools", "tool_choice", "parallel_tool_calls"):
         _only(body, key, lambda v: v in ([], "none", False), f"no {key.replace('_', ' ')}")
     _only(body, "response_format", lambda v: v == {"type": "text"}, "response_format text")
@@ -89,6 +89,22 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
+    bias = body.get("logit_bias")
+    if bias is None:
+        return ()
+    if not isinstance(bias, Mapping) or len(bias) > MAX_LOGIT_BIAS:
+        raise _fail("logit_bias", f"must be an object of at most {MAX_LOGIT_BIAS} token ids to numbers")
+    pairs = []
+    for key, value in bias.items():
+        if not (isinstance(key, str) and re.fullmatch("[0-9]{1,9}", key)):
+            raise _fail("logit_bias", f"keys must be token ids (integers from 0, as strings); got {key!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise _fail("logit_bias", f"values must be numbers between -100 and 100; got {value!r} for {key}")
+        pairs.append((int(key), float(value)))
+    return tuple(pairs)
+
+
 def _sampling(body: Mapping[str, Any], max_tokens_key: str, default_max: int | None,
               logprobs: bool, top_logprobs: int) -> SamplingParams:
     max_tokens = _integer(body, max_tokens_key, 1, _integer(body, "max_tokens", 1, default_max))
@@ -102,10 +118,19 @@ def _sampling(body: Mapping[str, Any], max_tokens_key: str, default_max: int | N
     top_p = _number(body, "top_p", 0.0, 1.0, 1.0)
     if top_p == 0:
         raise _fail("top_p", "must be greater than 0")
+    repetition = _number(body, "repetition_penalty", 0.0, 10.0, 1.0)
+    if repetition == 0:
+        raise _fail("repetition_penalty", "must be greater than 0")
+    min_tokens = _integer(body, "min_tokens", 0, 0) or 0
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise _fail("min_tokens", f"must be at most max_tokens ({max_tokens}); got {min_tokens}")
     return SamplingParams(
         max_tokens=max_tokens, temperature=_number(body, "temperature", 0.0, 2.0, 1.0), top_p=top_p,
         top_k=max(top_k or 0, 0), seed=seed, stop=_stop(body), stop_token_ids=tuple(stop_ids),
         logprobs=logprobs, top_logprobs=top_logprobs, ignore_eos=bool(body.get("ignore_eos", False)),
+        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, 0.0),
+        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, 0.0), repetition_penalty=repetition,
+        logit_bias=_logit_bias(body), min_p=_number(body, "min_p", 0.0, 1.0, 0.0), min_tokens=min_tokens,
     )
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lamina_hookspecs.types import MAX_TOP_LOGPROBS, ROLES
+from lamina_hookspecs.types import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLES
 
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
 MAX_COMPLETION_LOGPROBS = 5
@@ -66,9 +66,13 @@ def _common(max_tokens_limit: int | None) -> dict[str, Any]:
             "properties": {"include_usage": {"type": "boolean"}},
         },
         "user": _nullable("string"),
-        "presence_penalty": _only(0, "penalties are not supported"),
-        "frequency_penalty": _only(0, "penalties are not supported"),
-        "logit_bias": _only({}, "logit_bias is not supported"),
+        "presence_penalty": {**_nullable("number"), "minimum": -2, "maximum": 2},
+        "frequency_penalty": {**_nullable("number"), "minimum": -2, "maximum": 2},
+        "repetition_penalty": {**_nullable("number"), "exclusiveMinimum": 0, "maximum": 10},
+        "logit_bias": {**_nullable("object"), "maxProperties": MAX_LOGIT_BIAS, "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+                       "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+        "min_p": {**_nullable("number"), "minimum": 0, "maximum": 1},
+        "min_tokens": {**_nullable("integer"), "minimum": 0},
         "ignore_eos": {"type": "boolean"},
         "stop_token_ids": {"type": "array", "items": {"type": "integer"}},
     }

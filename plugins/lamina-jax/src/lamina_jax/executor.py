@@ -24,7 +24,7 @@ from tqdm import tqdm
 from lamina_hookspecs.errors import ContextLengthError, InvalidRequestError, LaminaError, ServiceUnavailableError
 from lamina_hookspecs.protocols import BatchingPolicy, PrefixCache, PrewarmPolicy
 from lamina_hookspecs.registration import BuildContext
-from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
+from lamina_hookspecs.types import BackendState, ModelInfo, Request, SamplingParams, TokenChunk
 from lamina_jax.engine import Engine
 from lamina_jax.block_manager import BlockAllocator, BlockManager, blocks_for
 from lamina_jax import weight_formats
@@ -33,7 +33,7 @@ from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import LlamaParams, kv_bytes_per_position
 from lamina_jax.model_runner import ModelRunner
 from lamina_jax.options import BUILTIN_MODEL, JaxOptions
-from lamina_jax.sampling import request_key
+from lamina_jax.sampling import BIAS_ENTRIES, request_key
 from lamina_jax.scheduler import Scheduler
 from lamina_jax.sequence import Sequence
 from lamina_jax.chat_template import ChatTemplateError
@@ -181,6 +181,17 @@ class JaxExecutor:
                 raise InvalidRequestError(str(error), param="messages") from error
         return self.tokenizer.encode(request.prompt or "")
 
+    def _check_bias(self, sampling: SamplingParams) -> None:
+        """Refuse a ``logit_bias`` naming ids the model has not, or too many ids to hold back for ``min_tokens``."""
+        assert self.engine is not None and self.tokenizer is not None
+        vocab = self.engine.runner.config.vocab_size
+        if any(token >= vocab for token, _ in sampling.logit_bias):
+            raise InvalidRequestError(f"logit_bias: token ids must be below {vocab}", param="logit_bias")
+        held = len(sampling.stop_token_ids) + len(self.tokenizer.eos_ids) if sampling.min_tokens else 0
+        if len(sampling.logit_bias) + held > BIAS_ENTRIES:
+            raise InvalidRequestError(f"logit_bias and the stop_token_ids min_tokens holds back name more than "
+                                      f"{BIAS_ENTRIES} ids together", param="logit_bias")
+
     def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
         engine = self.engine
         if engine is None:
@@ -188,6 +199,7 @@ class JaxExecutor:
         ids = self._prompt_ids(request)
         if not ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
+        self._check_bias(request.sampling)
         limit = self.model.context_length
         budget = request.sampling.max_tokens or limit - len(ids)
         if budget < 1 or len(ids) + budget > limit:
@@ -215,7 +227,9 @@ class JaxExecutor:
             except RuntimeError:  # the event loop is closed: nobody is listening any more
                 pass
 
-        seq = Sequence(request_id=request.id, prompt_ids=ids, sampling=request.sampling, emit=emit,
+        sampling = request.sampling
+        ends = frozenset(sampling.stop_token_ids) | (frozenset() if sampling.ignore_eos else self.tokenizer.eos_ids)
+        seq = Sequence(request_id=request.id, prompt_ids=ids, sampling=request.sampling, emit=emit, end_ids=ends,
                        key=request_key(request.sampling.seed), salt=request.tenant.encode(),
                        max_queue_wait_s=request.max_queue_wait_s)
         tokens = len(ids) + (request.sampling.max_tokens or 0)

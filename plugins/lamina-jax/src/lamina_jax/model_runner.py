@@ -19,7 +19,7 @@ Nothing here is CPU-specific: the same code runs on any JAX backend.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Sequence as Seq
 
 import attrs
@@ -31,7 +31,7 @@ from jax import lax
 from lamina_hookspecs.types import MAX_TOP_LOGPROBS
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import ATTENTION_CHUNK, KVCache, KVDtype, LlamaParams, decode, init_cache, prefill_packed
-from lamina_jax.sampling import SampleResult, SamplingBatch, sample
+from lamina_jax.sampling import SampleResult, SamplingBatch, sample, unadjusted
 from lamina_jax.scheduler import PrefillWork
 from lamina_jax.sequence import Sequence
 
@@ -93,6 +93,22 @@ def pow2_buckets(low: int, high: int) -> list[int]:
     return sizes
 
 
+def _adjust_row(adjust: dict[str, np.ndarray], i: int, seq: Sequence, held: Iterable[int]) -> None:
+    """Fill row ``i`` of `unadjusted`'s arrays with ``seq``'s penalties and bias, and ``-inf`` for
+    the ``held`` ids it may not end on yet."""
+    params = seq.sampling
+    adjust["adjust"] = np.bool_(True)
+    if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0:
+        tokens = seq.tokens
+        adjust["history"][i, :len(tokens)] = tokens
+        adjust["output_from"][i] = len(seq.prompt_ids)
+        adjust["presence"][i], adjust["frequency"][i] = params.presence_penalty, params.frequency_penalty
+        adjust["repetition"][i] = params.repetition_penalty
+    entries = [*params.logit_bias, *((token, -np.inf) for token in held)]
+    adjust["bias_ids"][i, :len(entries)] = [token for token, _ in entries]
+    adjust["bias_values"][i, :len(entries)] = [bias for _, bias in entries]
+
+
 class ModelRunner:
     """Holds the weights and the KV block pools; runs packed prefill chunks or one decode batch.
 
@@ -152,19 +168,24 @@ class ModelRunner:
     def _sampling(self, seqs: Seq[Sequence | None]) -> tuple[SamplingBatch, np.bool_, bool]:
         """Per-row parameters (``None`` rows are padding), whether all rows are greedy, whether any wants top logprobs."""
         rows = len(seqs)
-        temperature, top_p = np.zeros(rows, np.float32), np.ones(rows, np.float32)
+        temperature, top_p, min_p = np.zeros(rows, np.float32), np.ones(rows, np.float32), np.zeros(rows, np.float32)
         top_k, steps = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
         keys = np.zeros((rows, 2), np.uint32)
+        adjust = unadjusted(rows, self.table_width * self.block_size)
         wants_top = False
         for i, seq in enumerate(seqs):
             if seq is None:
                 continue
             params = seq.sampling
-            temperature[i], top_k[i], top_p[i] = params.temperature, params.top_k, params.top_p
+            temperature[i], top_k[i], top_p[i], min_p[i] = params.temperature, params.top_k, params.top_p, params.min_p
             steps[i] = len(seq.output_ids)
             keys[i] = seq.key
             wants_top |= params.logprobs and params.top_logprobs > 0
-        batch = SamplingBatch(temperature=temperature, top_k=top_k, top_p=top_p, keys=keys, steps=steps)
+            held = seq.end_ids if len(seq.output_ids) < params.min_tokens else ()
+            if params.adjusts_logits or held:
+                _adjust_row(adjust, i, seq, held)
+        batch = SamplingBatch(temperature=temperature, top_k=top_k, top_p=top_p, keys=keys, steps=steps, min_p=min_p,
+                              **adjust)
         return batch, (temperature <= 0).all(), wants_top
 
     def _prefill_arrays(self, num_tokens: int) -> dict[str, np.ndarray]:

@@ -47,6 +47,8 @@ class OutputProcessor:
         text, hit = "", False
         if (token in self.tokenizer.eos_ids and not sampling.ignore_eos) or token in sampling.stop_token_ids:
             finish = "stop"
+        elif len(seq.output_ids) <= sampling.min_tokens:  # stop strings count only after min_tokens
+            text = output.detokenizer.add(token)
         else:
             text, hit = output.stop_text.push(output.detokenizer.add(token))
             finish = "stop" if hit else None

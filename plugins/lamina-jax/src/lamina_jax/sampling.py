@@ -1,9 +1,13 @@
 """Next-token sampling on device for a whole decode batch, every row with its own parameters.
 
 The parameters are arrays (`SamplingBatch`), so one compiled `sample` serves any mix of greedy and
-random rows. A random row applies temperature, then top-k, then top-p (nucleus), then draws with
-`jax.random.categorical`. The logprobs returned follow OpenAI: those of the model's distribution
-(log-softmax of the unmodified logits), not of the temperature-scaled or filtered one.
+random rows. First the logits of a row may be adjusted (`_adjust`, only in a step where some row asks):
+the repetition penalty over the tokens of its prompt and output, the presence and frequency
+penalties over its output, and a sparse bias (``logit_bias``, and ``-inf`` on the ids a request may
+not end on yet, ``min_tokens``). Greedy rows then take the argmax. A random row applies temperature,
+then min-p, then top-k, then top-p (nucleus), then draws with `jax.random.categorical`. The logprobs
+returned follow OpenAI: those of the model's distribution (log-softmax of the unmodified logits),
+not of the adjusted, temperature-scaled or filtered one.
 
 Randomness: each request holds one base key from `request_key` (its ``seed``, or random bits), and
 `sample` folds the row's step into it on device. So a seed gives the same tokens on every run and
@@ -32,21 +36,68 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from lamina_hookspecs.types import MAX_LOGIT_BIAS
+
 _KEY_IMPL = "threefry2x32"
 
 
+_ADJUST_FIELDS = ["presence", "frequency", "repetition", "bias_ids", "bias_values", "history", "output_from",
+                  "adjust"]
+
+
 @functools.partial(
-    jax.tree_util.register_dataclass, data_fields=["temperature", "top_k", "top_p", "keys", "steps"], meta_fields=[]
+    jax.tree_util.register_dataclass,
+    data_fields=["temperature", "top_k", "top_p", "keys", "steps", "min_p", *_ADJUST_FIELDS], meta_fields=[]
 )
 @attrs.frozen(kw_only=True)
 class SamplingBatch:
-    """Per-row sampling parameters of a decode batch of ``B`` rows (padding rows: ``temperature`` 0)."""
+    """Per-row sampling parameters of a decode batch of ``B`` rows (padding rows: ``temperature`` 0).
+
+    `unadjusted` builds adjustment fields that change nothing; they are read only when ``adjust`` is set."""
 
     temperature: jax.Array  # [B] float32; <= 0: greedy (argmax)
     top_k: jax.Array  # [B] int32; <= 0 or >= vocab: off
     top_p: jax.Array  # [B] float32; >= 1: off
     keys: jax.Array  # [B, 2] uint32: the request's key from `request_key`
     steps: jax.Array  # [B] int32: index of the token being generated in its request, folded into the key
+    min_p: jax.Array  # [B] float32; 0: off
+    presence: jax.Array  # [B] float32
+    frequency: jax.Array  # [B] float32
+    repetition: jax.Array  # [B] float32; 1: off
+    bias_ids: jax.Array  # [B, K] int32; -1: no entry
+    bias_values: jax.Array  # [B, K] float32, added to the logits of bias_ids
+    history: jax.Array  # [B, H] int32: prompt then output ids; -1: padding
+    output_from: jax.Array  # [B] int32: where the output starts in history
+    adjust: jax.Array  # [] bool: whether any row's logits are adjusted
+
+
+BIAS_ENTRIES = MAX_LOGIT_BIAS + 64
+"""Width ``K`` of the sparse bias: a request's ``logit_bias`` and the end ids ``min_tokens`` holds back."""
+
+
+def unadjusted(rows: int, history: int) -> dict[str, np.ndarray]:
+    """`SamplingBatch` adjustment fields for ``rows`` rows that leave the logits as they are, with
+    room for ``history`` prompt and output ids per row."""
+    zeros = np.zeros(rows, np.float32)
+    return {"presence": zeros, "frequency": zeros.copy(), "repetition": np.ones(rows, np.float32),
+            "bias_ids": np.full((rows, BIAS_ENTRIES), -1, np.int32),
+            "bias_values": np.zeros((rows, BIAS_ENTRIES), np.float32),
+            "history": np.full((rows, history), -1, np.int32), "output_from": np.zeros(rows, np.int32),
+            "adjust": np.bool_(False)}
+
+
+def _adjust(logits: jax.Array, batch: SamplingBatch) -> jax.Array:
+    """``logits [B, vocab]`` with each row's penalties and bias applied (as vLLM applies them)."""
+    rows, vocab = jnp.arange(logits.shape[0])[:, None], logits.shape[-1]
+    ids = jnp.where(batch.history >= 0, batch.history, vocab)  # padding: out of range, dropped
+    output = (batch.history >= 0) & (jnp.arange(batch.history.shape[1]) >= batch.output_from[:, None])
+    counts = jnp.zeros(logits.shape, jnp.float32).at[rows, ids].add(output.astype(jnp.float32), mode="drop")
+    seen = jnp.zeros(logits.shape, jnp.bool_).at[rows, ids].set(True, mode="drop")
+    repetition = batch.repetition[:, None]
+    logits = jnp.where(seen, jnp.where(logits > 0, logits / repetition, logits * repetition), logits)
+    logits = logits - batch.frequency[:, None] * counts - batch.presence[:, None] * (counts > 0)
+    bias_ids = jnp.where(batch.bias_ids >= 0, batch.bias_ids, vocab)
+    return logits.at[rows, bias_ids].add(batch.bias_values, mode="drop")
 
 
 @functools.partial(
@@ -155,13 +206,16 @@ def sample(
     temperature scaling and its conds) is left out of the computation, with the same result.
     """
     logits = logits.astype(jnp.float32)
-    greedy = lax.top_k(logits, 1)[1][:, 0]  # jnp.argmax, ties included, but 4x faster on XLA:CPU
+    adjusted = lax.cond(batch.adjust, lambda: _adjust(logits, batch), lambda: logits)
+    greedy = lax.top_k(adjusted, 1)[1][:, 0]  # jnp.argmax, ties included, but 4x faster on XLA:CPU
     if all_greedy:
         tokens = greedy
     else:
         random_rows = batch.temperature > 0
         keys = jax.vmap(jax.random.fold_in)(jax.random.wrap_key_data(batch.keys, impl=_KEY_IMPL), batch.steps)
-        scaled = logits / jnp.where(random_rows, batch.temperature, 1.0)[:, None]
+        scaled = adjusted / jnp.where(random_rows, batch.temperature, 1.0)[:, None]
+        floor = jnp.max(scaled, axis=-1, keepdims=True) + jnp.log(batch.min_p)[:, None]  # min_p 0: -inf
+        scaled = jnp.where(scaled < floor, -jnp.inf, scaled)
         tokens = jnp.where(random_rows, _draw_random(keys, scaled, batch, random_rows, max_top_k), greedy)
     logprobs = jax.nn.log_softmax(logits, axis=-1)
     top_logprobs, top_ids = lax.top_k(logprobs, num_top)

@@ -38,6 +38,8 @@ class Sequence:
     queue_s: float | None = None
     max_queue_wait_s: float | None = None
     warm: bool = False
+    end_ids: frozenset[int] = frozenset()
+    """The ids that would end it (end of sequence unless ignored, stop tokens): held back by ``min_tokens``."""
 
     @property
     def tokens(self) -> list[int]:

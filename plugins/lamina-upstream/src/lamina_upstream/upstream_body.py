@@ -13,7 +13,9 @@ Each engine is asked for the token ids of what it generates in its own way:
   for every token, cost llama-server a quarter of its throughput at 16 streams.
 
 llama-server's sampler defaults differ from OpenAI's (``top_k`` 40, ``min_p`` 0.05), so it
-gets both explicitly, ``0`` meaning off as in Lamina.
+gets both explicitly, ``0`` meaning off as in Lamina. Its repetition penalty is ``repeat_penalty``
+over the last ``repeat_last_n`` tokens, sent as the whole context (``-1``) as vLLM's is; it has no
+``min_tokens`` or ``stop_token_ids``, so a request using either gets a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -49,15 +51,29 @@ def upstream_call(request: Request, model: str, engine: Engine) -> tuple[str, di
         body["ignore_eos"] = True
     if request.user is not None:
         body["user"] = request.user
+    for field in ("stop_token_ids", "min_tokens"):
+        if getattr(sampling, field) and engine == "llama-server":
+            raise InvalidRequestError(f"{field} is not supported by this model's upstream (llama-server)", param=field)
     if sampling.stop_token_ids:
-        if engine == "llama-server":
-            raise InvalidRequestError("stop_token_ids is not supported by this model's upstream (llama-server)",
-                                      param="stop_token_ids")
         body["stop_token_ids"] = list(sampling.stop_token_ids)
+    if sampling.min_tokens:
+        body["min_tokens"] = sampling.min_tokens
+    for field in ("presence_penalty", "frequency_penalty"):
+        if getattr(sampling, field):
+            body[field] = getattr(sampling, field)
+    if sampling.logit_bias:
+        body["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias}
+    if sampling.repetition_penalty != 1.0:
+        if engine == "llama-server":
+            body["repeat_penalty"], body["repeat_last_n"] = sampling.repetition_penalty, -1
+        else:
+            body["repetition_penalty"] = sampling.repetition_penalty
+    if sampling.min_p and engine != "llama-server":
+        body["min_p"] = sampling.min_p
     top = sampling.top_logprobs if sampling.logprobs else None
     if engine == "llama-server":
         greedy_ids_only = top is None and sampling.temperature == 0
-        body["top_k"], body["min_p"] = 1 if greedy_ids_only else sampling.top_k, 0.0
+        body["top_k"], body["min_p"] = 1 if greedy_ids_only else sampling.top_k, sampling.min_p
         if top is None:
             body["post_sampling_probs"] = True
         top = max(top or 0, 1)
