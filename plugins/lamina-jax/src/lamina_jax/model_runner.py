@@ -128,6 +128,8 @@ class ModelRunner:
         self.num_blocks, self.block_size, self.max_batch = num_blocks, block_size, max_batch
         self.prefill_chunk, self.max_prefills = prefill_chunk, max_prefills
         self.kv_dtype = kv_dtype
+        self._unadjusted: dict[int, dict[str, np.ndarray]] = {}
+        """`unadjusted` arrays by row count, built once: a step where no row adjusts sends them as they are."""
         self.table_width = -(-max_blocks_per_seq // ATTENTION_CHUNK) * ATTENTION_CHUNK
         self.table_capacity = 2 * self.table_width
         """Entries of the packed prefill block table: the scheduler packs sequences owning at most this many blocks."""
@@ -171,7 +173,8 @@ class ModelRunner:
         temperature, top_p, min_p = np.zeros(rows, np.float32), np.ones(rows, np.float32), np.zeros(rows, np.float32)
         top_k, steps = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
         keys = np.zeros((rows, 2), np.uint32)
-        adjust = unadjusted(rows, self.table_width * self.block_size)
+        adjust = self._unadjusted.setdefault(rows, unadjusted(rows, self.table_width * self.block_size))
+        copied = False
         wants_top = False
         for i, seq in enumerate(seqs):
             if seq is None:
@@ -183,6 +186,8 @@ class ModelRunner:
             wants_top |= params.logprobs and params.top_logprobs > 0
             held = seq.end_ids if len(seq.output_ids) < params.min_tokens else ()
             if params.adjusts_logits or held:
+                if not copied:  # the shared "no adjustment" arrays stay untouched
+                    adjust, copied = {key: np.array(value) for key, value in adjust.items()}, True
                 _adjust_row(adjust, i, seq, held)
         batch = SamplingBatch(temperature=temperature, top_k=top_k, top_p=top_p, keys=keys, steps=steps, min_p=min_p,
                               **adjust)

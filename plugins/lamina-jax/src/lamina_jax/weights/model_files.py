@@ -58,8 +58,8 @@ def _open_hf(path: Path) -> ModelFiles:
     hf_config = hf.read_json(path / "config.json")
     config = hf.read_config(hf_config)
     if not (path / "tokenizer.json").is_file():
-        raise FileNotFoundError(f"no tokenizer.json (the tokenizer is read from it; a slow tokenizer's files "
-                                f"alone are not enough)")
+        raise FileNotFoundError("no tokenizer.json (the tokenizer is read from it; a slow tokenizer's files "
+                                "alone are not enough)")
     return ModelFiles(path=path, format="hf", architecture=hf.architecture(hf_config), config=config,
                       tokenizer=Tokenizer.from_hf(path),
                       read_params=lambda progress, dtype: hf.load_params(path, config, hf_config,
