@@ -46,6 +46,11 @@ def test_api_keys_map_to_tenants_through_the_openai_client(live: Any, keys_env: 
     missing = httpx.post(f"{server.url}/v1/chat/completions", json=CHAT)
     assert missing.status_code == 401 and missing.json()["error"]["code"] == "missing_api_key"
     assert missing.json()["error"]["type"] == "authentication_error"
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0) as client:
+        assert [m.id for m in client.models.list()] == ["echo"]
+    models = httpx.get(f"{server.url}/v1/models")
+    assert models.status_code == 401 and models.json()["error"]["code"] == "missing_api_key"
+    assert httpx.get(f"{server.url}/v1/models", headers={"authorization": "Bearer sk-wrong"}).status_code == 401
     metrics = httpx.get(f"{server.url}/metrics").text
     assert 'lamina_requests_total{arm="",endpoint="chat",status="200",tenant="acme"} 1.0' in metrics
     assert 'lamina_generation_tokens_total{arm="",tenant="acme"} 2.0' in metrics
@@ -74,7 +79,7 @@ def test_invalid_bodies_are_named_by_the_compiled_validator(live: Any) -> None:
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == "messages[0].role"
-    assert error["message"] == "messages[0].role: must be one of system, user, assistant, tool"
+    assert error["message"] == "messages[0].role: must be one of system, user, assistant, tool, developer"
 
 
 class Flaky:

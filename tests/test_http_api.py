@@ -66,7 +66,6 @@ CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
 @pytest.mark.parametrize(("path", "send", "status", "param"), [
     ("chat/completions", {"content": b"{not json"}, 400, None),
     ("chat/completions", {"json": {**CHAT, "temperature": "hot"}}, 400, "temperature"),
-    ("chat/completions", {"json": {**CHAT, "frobnicate": 1}}, 400, "frobnicate"),
     ("chat/completions", {"json": {**CHAT, "model": "gpt-9"}}, 404, "model"),
     ("chat/completions", {"json": {**CHAT, "messages": []}}, 400, "messages"),
     ("chat/completions", {"json": {**CHAT, "messages": [{"role": "wizard", "content": "x"}]}}, 400,
@@ -93,6 +92,40 @@ def test_bad_input_gets_the_right_status_and_an_openai_error_body(echo: Any, pat
     if param is not None:
         assert error["param"] == param
     assert httpx.post(f"{echo.url}/v1/chat/completions", json=CHAT).status_code == 200, "still serving"
+
+
+def test_unknown_fields_are_ignored_and_named_unless_the_stack_is_strict(live: Any, lamina_logs: Any) -> None:
+    lenient, strict = live(ECHO), live({**ECHO, "server": {"strict_fields": True}})
+    body = {**CHAT, "metadata": {"k": "v"}, "store": False, "service_tier": "auto", "reasoning_effort": "low"}
+    response = httpx.post(f"{lenient.url}/v1/chat/completions", json=body)
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "hi"
+    assert response.headers["x-lamina-ignored-fields"] == "metadata,reasoning_effort,service_tier,store"
+    assert [e["fields"] for e in lamina_logs if e["event"] == "request_fields_ignored"] == [
+        ["metadata", "reasoning_effort", "service_tier", "store"]]
+    assert "x-lamina-ignored-fields" not in httpx.post(f"{lenient.url}/v1/chat/completions", json=CHAT).headers
+    refused = httpx.post(f"{strict.url}/v1/chat/completions", json=body)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "metadata"
+    with openai.OpenAI(base_url=f"{lenient.url}/v1", api_key="unused", max_retries=0) as c:
+        reply = c.chat.completions.create(model="echo", messages=[{"role": "developer", "content": "be brief"}],
+                                          metadata={"k": "v"}, store=False, parallel_tool_calls=True,
+                                          extra_body={"chat_template_kwargs": {"x": 1}})
+    assert reply.choices[0].message.content == "be brief"
+
+
+def test_null_means_not_given_for_every_optional_field(echo: Any) -> None:
+    from lamina.server.openai_api import FIELDS
+
+    for path, required in (("chat/completions", CHAT), ("completions", {"model": "echo", "prompt": "x y"})):
+        kind = "chat" if path.startswith("chat") else "completion"
+        body = {**required, **dict.fromkeys(FIELDS[kind] - set(required))}
+        response = httpx.post(f"{echo.url}/v1/{path}", json=body)
+        assert response.status_code == 200, response.text
+
+
+def test_version(echo: Any) -> None:
+    from lamina import __version__
+
+    assert httpx.get(f"{echo.url}/version").json() == {"version": __version__}
 
 
 def test_unknown_routes_and_methods(echo: Any) -> None:

@@ -79,6 +79,21 @@ class Admission:
         self.breakers = list(breakers)
         self.context_length = context_length
 
+    def authenticate(self, ctx: RequestContext) -> None:
+        """Run the authenticators alone (a route that reads but computes nothing: ``/v1/models``);
+        raise the ``LaminaError`` that rejects the credential."""
+        try:
+            for entry in self.entries:
+                if entry.layer is layers.AUTHENTICATOR:
+                    self._authenticate(entry.pick(ctx), ctx)
+        finally:
+            ctx.credential = None
+
+    @staticmethod
+    def _authenticate(authenticator: Any, ctx: RequestContext) -> None:
+        principal = authenticator.authenticate(ctx.credential)
+        ctx.tenant, ctx.api_key_id = principal.tenant, principal.key_id
+
     def admit(self, ctx: RequestContext, body: Mapping[str, Any]) -> None:
         """Authenticate, validate and rate-limit one request; raise the ``LaminaError`` that rejects it."""
         try:
@@ -86,8 +101,7 @@ class Admission:
                 component = entry.pick(ctx)
                 kind = entry.layer
                 if kind is layers.AUTHENTICATOR:
-                    principal = component.authenticate(ctx.credential)
-                    ctx.tenant, ctx.api_key_id = principal.tenant, principal.key_id
+                    self._authenticate(component, ctx)
                 elif kind is layers.VALIDATOR:
                     component.validate(ctx.endpoint, body)
                 elif kind is layers.RATE_LIMITER:

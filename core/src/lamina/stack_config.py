@@ -103,6 +103,9 @@ class ServerConfig:
             "help": "most encoded bytes a stream may hold for a client that reads slower than tokens come; "
                     "past it the stream is aborted (counted as slow_client)"},
     )
+    strict_fields: bool = attrs.field(default=False, metadata={
+        "help": "refuse request fields Lamina does not know with a 400, as OpenAI does; by default they are "
+                "ignored, named in one warning log line per request and in the x-lamina-ignored-fields header"})
 
 
 @attrs.frozen(kw_only=True)

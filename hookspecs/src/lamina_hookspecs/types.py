@@ -16,6 +16,8 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = get_args(Role)
 """The chat roles a request may carry."""
+ROLE_ALIASES: dict[str, Role] = {"developer": "system"}
+"""Roles a client may send that mean one of `ROLES` (``developer`` is OpenAI's newer name for ``system``)."""
 MAX_TOP_LOGPROBS = 20
 """The most alternatives per token a request may ask for (OpenAI's limit)."""
 MAX_LOGIT_BIAS = 300

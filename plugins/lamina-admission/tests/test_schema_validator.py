@@ -9,7 +9,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lamina_hookspecs.types import ROLES
+from lamina_hookspecs.types import ROLE_ALIASES, ROLES
 from lamina.server import openai_api
 from lamina.testing.contracts import ValidatorContract
 from lamina_admission.schema_validator import (
@@ -146,10 +146,8 @@ VALID = [
               "response_format": {"type": "text"}}),
     ("chat", {**CHAT, "temperature": 2, "top_p": 1e-9, "stop": ["a", "b", "c", "d"], "stream_options": {},
               "logprobs": False, "top_logprobs": 0}),
-    ("chat", {**CHAT, **dict.fromkeys(["max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
-                                       "stop", "n", "stream_options", "user", "presence_penalty",
-                                       "frequency_penalty", "logit_bias", "top_logprobs", "parallel_tool_calls",
-                                       "tools", "tool_choice", "response_format"])}),  # null: not given
+    ("chat", {**CHAT, **dict.fromkeys(openai_api.CHAT_FIELDS - {"model", "messages"})}),  # null: not given
+    ("chat", {**CHAT, "messages": [{"role": "developer", "content": "be brief"}], "parallel_tool_calls": True}),
     ("chat", {**CHAT, "stop": []}),
     ("completion", COMPLETION),
     ("completion", {**COMPLETION, "prompt": [1, 0, 2]}),
@@ -157,7 +155,7 @@ VALID = [
     ("completion", {**COMPLETION, "prompt": [[5, 6]]}),
     ("completion", {**COMPLETION, "max_tokens": 1, "logprobs": 5, "echo": False, "best_of": 1, "suffix": None,
                     "stream": False, "ignore_eos": True, "seed": 2**62, "stop_token_ids": []}),
-    ("completion", {**COMPLETION, **dict.fromkeys(["max_tokens", "logprobs", "echo", "best_of", "suffix", "n"])}),
+    ("completion", {**COMPLETION, **dict.fromkeys(openai_api.COMPLETION_FIELDS - {"model", "prompt"})}),
 ]
 
 
@@ -216,7 +214,7 @@ INVALID = [
     ("chat", {**CHAT, "messages": "hi"}, "messages", "must be an array"),
     ("chat", {**CHAT, "messages": ["hi"]}, "messages[0]", "must be an object"),
     ("chat", {**CHAT, "messages": [{"role": "robot", "content": "x"}]},
-     "messages[0].role", "must be one of system, user, assistant, tool"),
+     "messages[0].role", "must be one of system, user, assistant, tool, developer"),
     ("chat", {**CHAT, "messages": [*M, {"content": "x"}]}, "messages[1].role", "required"),
     ("chat", {**CHAT, "messages": [{"role": "user"}]}, "messages[0].content", "required"),
     ("chat", {**CHAT, "messages": [{"role": "user", "content": None}]},
@@ -245,9 +243,9 @@ INVALID = [
     ("chat", {**CHAT, "stop": ["a", ""]}, "stop[1]", "must not be empty"),
     ("chat", {**CHAT, "stop": 1}, "stop", "must be a string, an array or null"),
     ("chat", {**CHAT, "stop_token_ids": [1, "2"]}, "stop_token_ids[1]", "must be an integer"),
-    ("chat", {**CHAT, "stop_token_ids": None}, "stop_token_ids", "must be an array"),
-    ("chat", {**CHAT, "stream": None}, "stream", "must be a boolean"),
-    ("chat", {**CHAT, "ignore_eos": 1}, "ignore_eos", "must be a boolean"),
+    ("chat", {**CHAT, "stop_token_ids": 1}, "stop_token_ids", "must be an array or null"),
+    ("chat", {**CHAT, "stream": 1}, "stream", "must be a boolean or null"),
+    ("chat", {**CHAT, "ignore_eos": 1}, "ignore_eos", "must be a boolean or null"),
     ("chat", {**CHAT, "stream_options": {"include_usage": "yes"}}, "stream_options.include_usage",
      "must be a boolean"),
     ("chat", {**CHAT, "stream_options": {"include_obfuscation": True}}, "stream_options.include_obfuscation",
@@ -263,9 +261,9 @@ INVALID = [
     ("chat", {**CHAT, "logit_bias": {"1": 500}}, "logit_bias[1]", "must be <= 100"),  # jsonschema-rs: a numeric key reads as an index
     ("chat", {**CHAT, "tools": [{"type": "function"}]}, "tools", "must be []"),
     ("chat", {**CHAT, "tool_choice": "auto"}, "tool_choice", "must be none"),
-    ("chat", {**CHAT, "parallel_tool_calls": True}, "parallel_tool_calls", "must be false"),
+    ("chat", {**CHAT, "parallel_tool_calls": 0}, "parallel_tool_calls", "must be a boolean or null"),
     ("chat", {**CHAT, "response_format": {"type": "json_object"}}, "response_format", 'must be {"type":"text"}'),
-    ("chat", {**CHAT, "logprobs": None}, "logprobs", "must be a boolean"),
+    ("chat", {**CHAT, "logprobs": 1}, "logprobs", "must be a boolean or null"),
     ("chat", {**CHAT, "top_logprobs": 2}, "top_logprobs", "must be 0 unless logprobs is true"),
     ("chat", {**CHAT, "logprobs": False, "top_logprobs": 2}, "top_logprobs", "must be 0 unless logprobs is true"),
     ("chat", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "must be <= 20"),
@@ -318,7 +316,7 @@ def test_other_mappings_are_read_like_dicts() -> None:
 def test_the_first_error_does_not_depend_on_key_order() -> None:
     """Unrecognized arguments first, then wrong values, then missing fields; each by path."""
     wrong = {"temperature": 9, "messages": [{"role": "robot"}], "zz": 1, "top_k": -5}
-    expected = ["zz: unrecognized request argument", "messages[0].role: must be one of system, user, assistant, tool",
+    expected = ["zz: unrecognized request argument", "messages[0].role: must be one of system, user, assistant, tool, developer",
                 "temperature: must be <= 2", "top_k: must be >= -1", "messages[0].content: required",
                 "model: required"]
     for message in expected:
@@ -391,7 +389,7 @@ def _quirk(endpoint: str, body: Any) -> str | None:
     limit = body.get("max_tokens") if limit is None else limit
     if isinstance(limit, int) and isinstance(body.get("min_tokens"), int) and body["min_tokens"] > limit:
         return "min_tokens above max_tokens"
-    for key, one in (("tools", []), ("tool_choice", "none"), ("parallel_tool_calls", False)):
+    for key, one in (("tools", []), ("tool_choice", "none")):
         value = body.get(key)
         if value is not None and value in ([], "none", False) and not (type(value) is type(one) and value == one):
             return "loose one-value check"
@@ -406,7 +404,6 @@ KNOWN_DIFFERENCES = [
     ("chat", {**CHAT, "max_tokens": 2, "min_tokens": 3}, False, True),
     ("chat", {**CHAT, "tools": "none"}, True, False),
     ("chat", {**CHAT, "tool_choice": []}, True, False),
-    ("chat", {**CHAT, "parallel_tool_calls": 0}, True, False),
 ]
 
 
@@ -453,7 +450,7 @@ def _one(*values: Any) -> st.SearchStrategy[Any]:
 
 
 _VALID_MESSAGE = st.fixed_dictionaries(
-    {"role": st.sampled_from(ROLES),
+    {"role": st.sampled_from([*ROLES, *ROLE_ALIASES]),
      "content": _TEXT | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _TEXT}), max_size=2)},
     optional={"name": _TEXT, "tool_call_id": _TEXT})
 # Values the parser accepts, field by field.
@@ -471,14 +468,14 @@ _VALID = {
     "repetition_penalty": st.none() | st.floats(0, 10, exclude_min=True), "min_p": st.none() | st.floats(0, 1),
     "min_tokens": st.none() | st.integers(0, 1),
     "logit_bias": st.none() | st.dictionaries(st.integers(0, 10**9 - 1).map(str), st.floats(-100, 100), max_size=3),
-    "tools": _one([]), "tool_choice": _one("none"), "parallel_tool_calls": _one(False),
+    "tools": _one([]), "tool_choice": _one("none"), "parallel_tool_calls": st.none() | st.booleans(),
     "response_format": _one({"type": "text"}),
-    "stream": st.booleans(), "ignore_eos": st.booleans(),
+    "stream": st.none() | st.booleans(), "ignore_eos": st.none() | st.booleans(),
     "stream_options": st.none() | st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}),
-    "user": st.none() | _TEXT, "stop_token_ids": st.lists(st.integers(-5, 2**31), max_size=3),
+    "user": st.none() | _TEXT, "stop_token_ids": st.none() | st.lists(st.integers(-5, 2**31), max_size=3),
     "top_logprobs": st.none() | st.integers(0, 20),  # > 0 only with logprobs = true
 }
-_VALID_LOGPROBS = {"chat": st.booleans(), "completion": st.none() | st.integers(0, 5)}
+_VALID_LOGPROBS = {"chat": st.none() | st.booleans(), "completion": st.none() | st.integers(0, 5)}
 
 # Values to break one field with: near misses first, any JSON after.
 _NUMBER = st.sampled_from([None, True, False, 0, 1, 2, 5, 6, 20, 21, -1, -2, 0.0, -0.0, 0.5, 1.0, 1.5, 2.5, "1"]) \
@@ -487,7 +484,7 @@ _FLAG = st.sampled_from([None, True, False, 0, 1, "true"])
 _PART = st.fixed_dictionaries({}, optional={"type": st.sampled_from(["text", "image_url", None]),
                                             "text": _TEXT | st.just(1), "cache_control": _JSON})
 _MESSAGE = st.fixed_dictionaries({}, optional={
-    "role": st.sampled_from([*ROLES, "robot", None]),
+    "role": st.sampled_from([*ROLES, *ROLE_ALIASES, "robot", None]),
     "content": _TEXT | st.lists(_PART, max_size=2) | st.none(),
     "name": _TEXT, "tool_call_id": _TEXT}) | _JSON
 _TOKENS = st.lists(st.integers(-1, 5) | st.sampled_from([True, 1.5, 2.0]), max_size=3)

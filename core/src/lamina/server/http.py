@@ -49,7 +49,8 @@ from lamina.admission import bearer_token
 from lamina.lifecycle import trace_context
 from lamina.pipeline import run_request
 from lamina.server.metrics import Metrics
-from lamina.server.openai_api import completion_body, parse_chat, parse_completion
+from lamina import __version__
+from lamina.server.openai_api import completion_body, parse_chat, parse_completion, unknown_fields
 from lamina.server.queue_wait import MAX_QUEUE_WAIT_HEADER, bounded, max_queue_wait
 from lamina.stack import Stack
 
@@ -58,6 +59,8 @@ log = structlog.get_logger(__name__)
 DEFAULT_ACCEPT = {"*/*", "application/*", "text/*", "application/json", "text/event-stream", ""}
 CLIENT_CLOSED = 499
 """nginx's status for a request whose client closed the connection first (nobody receives it)."""
+IGNORED_FIELDS_HEADER = "x-lamina-ignored-fields"
+"""Names the request's top-level fields the server ignored (comma-separated), when it ignored some."""
 
 _T = TypeVar("_T")
 SHUT_DOWN = ServiceUnavailableError("the server shut down before the request finished", code="shutdown",
@@ -152,6 +155,7 @@ class Server:
         self.stack = stack
         self.max_body_bytes = stack.config.server.max_body_bytes
         self.stream_buffer_bytes = stack.config.server.stream_buffer_bytes
+        self.strict_fields = stack.config.server.strict_fields
         self.metrics = Metrics(stack)
         stack.pm.register(self.metrics, name="lamina.metrics")
         self.draining = False
@@ -194,6 +198,7 @@ class Server:
             Route("/health", self.health),
             Route("/ready", self.ready),
             Route("/metrics", self.metrics_endpoint),
+            Route("/version", self.version),
             Route("/v1/models", self.models),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
@@ -220,7 +225,15 @@ class Server:
     async def metrics_endpoint(self, request: HttpRequest) -> Response:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    async def version(self, request: HttpRequest) -> Response:
+        return JSONResponse({"version": __version__})
+
     async def models(self, request: HttpRequest) -> Response:
+        ctx = self._context(request, "models", "models")
+        try:
+            self.stack.admission.authenticate(ctx)
+        except LaminaError as error:
+            return error_response(error, ctx.request_id)
         created = int(time.time())
         models = {executor.model.id: executor.model for executor in self.stack.backends.values()}
         return JSONResponse({"object": "list", "data": [
@@ -232,6 +245,13 @@ class Server:
 
     async def chat(self, request: HttpRequest) -> Response:
         return await self._generate(request, "chat", "chatcmpl", parse_chat)
+
+    @staticmethod
+    def _context(http: HttpRequest, endpoint: str, prefix: str) -> RequestContext:
+        return RequestContext(request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=endpoint,
+                              credential=bearer_token(http.headers.get("authorization")),
+                              client=http.client.host if http.client else None,
+                              trace_context=trace_context(http.headers))
 
     def _negotiate(self, accept: str) -> Codec:
         wanted = [part.split(";")[0].strip().lower() for part in accept.split(",")]
@@ -263,16 +283,17 @@ class Server:
 
     async def _generate(self, http: HttpRequest, kind: str, prefix: str,
                         parse: Callable[[Mapping[str, Any], str, str], Request]) -> Response:
-        ctx = RequestContext(request_id=f"{prefix}-{uuid.uuid4().hex}", endpoint=kind,
-                             credential=bearer_token(http.headers.get("authorization")),
-                             client=http.client.host if http.client else None,
-                             trace_context=trace_context(http.headers))
+        ctx = self._context(http, kind, prefix)
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(request_id=ctx.request_id)
         try:
             if self.draining:
                 raise ServiceUnavailableError("the server is shutting down", code="draining", retry_after=5)
             body = await self._read_json(http)
+            ignored = [] if self.strict_fields else unknown_fields(kind, body)
+            if ignored:
+                log.warning("request_fields_ignored", fields=ignored)
+                body = {key: value for key, value in body.items() if key not in ignored}
             codec = self._negotiate(http.headers.get("accept", ""))
             wait = max_queue_wait(http.headers.get(MAX_QUEUE_WAIT_HEADER))
         except LaminaError as error:
@@ -299,6 +320,8 @@ class Server:
         request = ctx.request
         assert request is not None
         headers = {"x-request-id": ctx.request_id}
+        if ignored:
+            headers[IGNORED_FIELDS_HEADER] = ",".join(ignored)
         if not request.stream:
             try:
                 collected = [first] + await while_connected(http, self._output(ctx, _rest(chunks)))

@@ -1,9 +1,11 @@
 """OpenAI request bodies to :class:`Request`, and whole (non-streamed) results to OpenAI JSON.
 
 Parsing checks every field it knows with an error that names it
-(``temperature: must be a number between 0 and 2``). Fields OpenAI defines but Lamina does
-not support yet, or supports only at one value (``n`` > 1, tools, structured output), are
-refused with a 400 rather than silently ignored; unknown fields too, as OpenAI's own API does.
+(``temperature: must be a number between 0 and 2``); ``null`` means "not given" for every
+optional field. Fields OpenAI defines but Lamina does not support yet, or supports only at one
+value (``n`` > 1, tools, structured output), are refused with a 400 rather than silently
+ignored. Fields it does not know are refused too: the HTTP server removes them first unless
+the stack asks for strict fields (`unknown_fields`).
 Besides OpenAI's fields, vLLM's sampling extensions are read: ``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos`` and ``stop_token_ids``.
 """
@@ -16,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lamina_hookspecs.errors import InvalidRequestError
-from lamina_hookspecs.types import (MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLES, ChatMessage, Completion, Request,
-                                    SamplingParams, TokenChunk, Usage)
+from lamina_hookspecs.types import (MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES, ChatMessage, Completion,
+                                    Request, SamplingParams, TokenChunk, Usage)
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options",
            "user", "presence_penalty", "frequency_penalty", "logit_bias", "ignore_eos", "stop_token_ids",
@@ -25,6 +27,13 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "parallel_tool_calls",
                          "tools", "tool_choice", "response_format"}
+FIELDS = {"completion": COMPLETION_FIELDS, "chat": CHAT_FIELDS}
+"""Every field each endpoint's parser reads, by endpoint."""
+
+
+def unknown_fields(endpoint: str, body: Mapping[str, Any]) -> list[str]:
+    """The top-level fields of ``body`` that ``endpoint``'s parser does not know, sorted."""
+    return sorted(set(body) - FIELDS[endpoint])
 
 
 def _fail(param: str, message: str) -> InvalidRequestError:
@@ -58,7 +67,7 @@ def _check_fields(body: Mapping[str, Any], known: set[str]) -> None:
     if not isinstance(body, Mapping):
         raise InvalidRequestError("the request body must be a JSON object")
     unknown = sorted(set(body) - known)
-    if unknown:
+    if unknown:  # the HTTP server has removed them unless the stack asks for strict fields
         raise _fail(unknown[0], "unrecognized request argument")
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -67,11 +76,11 @@ def _check_fields(body: Mapping[str, Any], known: set[str]) -> None:
     _only(body, "best_of", lambda v: v == 1, "best_of = 1")
     _only(body, "echo", lambda v: v is False, "echo = false")
     _only(body, "suffix", lambda v: False, "no suffix")
-    for key in ("tools", "tool_choice", "parallel_tool_calls"):
-        _only(body, key, lambda v: v in ([], "none", False), f"no {key.replace('_', ' ')}")
+    for key in ("tools", "tool_choice"):
+        _only(body, key, lambda v: v in ([], "none"), f"no {key.replace('_', ' ')}")
     _only(body, "response_format", lambda v: v == {"type": "text"}, "response_format text")
-    for key in ("stream", "ignore_eos"):
-        if key in body and not isinstance(body[key], bool):
+    for key in ("stream", "ignore_eos", "parallel_tool_calls"):
+        if body.get(key) is not None and not isinstance(body[key], bool):
             raise _fail(key, f"must be true or false; got {body[key]!r}")
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, Mapping) or set(options) - {"include_usage"}
@@ -112,7 +121,8 @@ def _sampling(body: Mapping[str, Any], max_tokens_key: str, default_max: int | N
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise _fail("seed", f"must be an integer; got {seed!r}")
-    stop_ids = body.get("stop_token_ids", [])
+    stop_ids = body.get("stop_token_ids")
+    stop_ids = [] if stop_ids is None else stop_ids
     if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
         raise _fail("stop_token_ids", "must be a list of integers")
     top_p = _number(body, "top_p", 0.0, 1.0, 1.0)
@@ -177,10 +187,13 @@ def parse_chat(body: Mapping[str, Any], request_id: str, tenant: str) -> Request
         path = f"messages[{i}]"
         if not isinstance(message, Mapping):
             raise _fail(path, "must be an object with role and content")
-        if message.get("role") not in ROLES:
-            raise _fail(f"{path}.role", f"must be one of {', '.join(ROLES)}")
-        parsed.append(ChatMessage(role=message["role"], content=_content(message, path)))
-    logprobs = body.get("logprobs", False)
+        role = message.get("role")
+        role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
+        if role not in ROLES:
+            raise _fail(f"{path}.role", f"must be one of {', '.join((*ROLES, *ROLE_ALIASES))}")
+        parsed.append(ChatMessage(role=role, content=_content(message, path)))
+    logprobs = body.get("logprobs")
+    logprobs = False if logprobs is None else logprobs
     if not isinstance(logprobs, bool):
         raise _fail("logprobs", f"must be true or false; got {logprobs!r}")
     top = _integer(body, "top_logprobs", 0, 0) or 0

@@ -3,8 +3,9 @@
 ``chat_schema()`` is the body of ``POST /v1/chat/completions`` and ``completion_schema()``
 the body of ``POST /v1/completions``. They describe exactly what
 ``lamina.server.openai_api.parse_chat``/``parse_completion`` accept: the same field sets
-(unknown fields are refused, ``additionalProperties: false``), types and ranges, and the
-fields OpenAI defines that Lamina supports at one value only (``n`` = 1, penalties = 0,
+(unknown fields are refused, ``additionalProperties: false``: the HTTP server removes them
+before admission unless the stack sets ``server.strict_fields``), types and ranges, and the
+fields OpenAI defines that Lamina supports at one value only (``n`` = 1,
 no tools...). ``null`` is accepted wherever the parser treats it as "not given".
 
 The schemas are plain data: dump them with ``json.dumps`` to publish them, or extend a
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lamina_hookspecs.types import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLES
+from lamina_hookspecs.types import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES
 
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
 MAX_COMPLETION_LOGPROBS = 5
@@ -60,7 +61,7 @@ def _common(max_tokens_limit: int | None) -> dict[str, Any]:
             "description": "a non-empty string or a list of at most 4 of them",
         },
         "n": _only(1, "Lamina returns one choice per request"),
-        "stream": {"type": "boolean"},
+        "stream": _nullable("boolean"),
         "stream_options": {
             **_nullable("object"), "additionalProperties": False,
             "properties": {"include_usage": {"type": "boolean"}},
@@ -73,8 +74,8 @@ def _common(max_tokens_limit: int | None) -> dict[str, Any]:
                        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
         "min_p": {**_nullable("number"), "minimum": 0, "maximum": 1},
         "min_tokens": {**_nullable("integer"), "minimum": 0},
-        "ignore_eos": {"type": "boolean"},
-        "stop_token_ids": {"type": "array", "items": {"type": "integer"}},
+        "ignore_eos": _nullable("boolean"),
+        "stop_token_ids": {**_nullable("array"), "items": {"type": "integer"}},
     }
 
 
@@ -99,7 +100,7 @@ def chat_schema(*, max_messages: int = 1024, max_prompt_chars: int = 1_000_000,
     message = {
         "type": "object", "required": ["role", "content"],
         "properties": {
-            "role": {"enum": list(ROLES)},
+            "role": {"enum": [*ROLES, *ROLE_ALIASES]},
             "content": {"type": ["string", "array"], "maxLength": max_prompt_chars, "items": text_part},
         },
     }
@@ -107,9 +108,9 @@ def chat_schema(*, max_messages: int = 1024, max_prompt_chars: int = 1_000_000,
         **_common(max_tokens_limit),
         "messages": {"type": "array", "minItems": 1, "maxItems": max_messages, "items": message},
         "max_completion_tokens": _max_tokens(max_tokens_limit),
-        "logprobs": {"type": "boolean"},
+        "logprobs": _nullable("boolean"),
         "top_logprobs": {**_nullable("integer"), "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
-        "parallel_tool_calls": _only(False, "tools are not supported"),
+        "parallel_tool_calls": _nullable("boolean"),
         "tools": _only([], "tools are not supported"),
         "tool_choice": _only("none", "tools are not supported"),
         "response_format": _only({"type": "text"}, "structured output is not supported"),

@@ -17,7 +17,7 @@ it should refuse).
 Errors read ``<path>: <rule>``, with the path in ``messages[0].role`` style (dots for keys,
 ``[i]`` for indices) and the same path as the error's ``param``::
 
-    messages[0].role: must be one of system, user, assistant, tool
+    messages[0].role: must be one of system, user, assistant, tool, developer
     temperature: must be <= 2
     model: required
     foo: unrecognized request argument
