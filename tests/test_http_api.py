@@ -122,6 +122,13 @@ def test_null_means_not_given_for_every_optional_field(echo: Any) -> None:
         assert response.status_code == 200, response.text
 
 
+def test_tokenize_needs_an_executor_that_tokenizes(echo: Any) -> None:
+    response = httpx.post(f"{echo.url}/tokenize", json={"model": "echo", "prompt": "a b"})
+    assert response.status_code == 404 and response.json()["error"]["code"] == "tokenizer_not_available"
+    bad = httpx.post(f"{echo.url}/detokenize", json={"model": "echo", "tokens": "a"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
 def test_version(echo: Any) -> None:
     from lamina import __version__
 

@@ -139,9 +139,26 @@ def test_lamina_serve_model_serves_a_hugging_face_directory_to_the_openai_client
         chat = client.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "Hi"}],
                                               max_tokens=4)
         assert chat.choices[0].finish_reason in ("stop", "length")
+        check_tokenize(url, "tiny-llama", "llama")
     finally:
         process.terminate()
         process.wait(timeout=60)
+
+
+def check_tokenize(url: str, model: str, family: str) -> None:
+    """``/tokenize`` gives transformers' prompt ids for a text and for a chat; ``/detokenize`` gives back text."""
+    cases = {c["name"]: c for c in reference(family)["cases"]}
+    tokenized = httpx.post(f"{url}/tokenize", json={"model": model, "prompt": cases["plain"]["text"]}).json()
+    assert tokenized["tokens"] == cases["plain"]["prompt_ids"] and tokenized["count"] == len(tokenized["tokens"])
+    chat = httpx.post(f"{url}/tokenize", json={"model": model, "messages": cases["chat"]["messages"]}).json()
+    assert chat["tokens"] == cases["chat"]["prompt_ids"]
+    decoder = tokenizers.Tokenizer.from_file(str(model_path(family, "hf") / "tokenizer.json"))
+    text = httpx.post(f"{url}/detokenize", json={"model": model, "tokens": chat["tokens"]}).json()["prompt"]
+    assert text == decoder.decode(chat["tokens"], skip_special_tokens=False)
+    out_of_range = httpx.post(f"{url}/detokenize", json={"model": model, "tokens": [10**9]})
+    assert out_of_range.status_code == 400 and out_of_range.json()["error"]["param"] == "tokens"
+    unknown = httpx.post(f"{url}/tokenize", json={"model": "nope", "prompt": "x"})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
 
 
 def test_lamina_serve_exits_non_zero_naming_the_reason_when_the_model_cannot_load(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from lamina_hookspecs.errors import BackendLostError, InternalError, LaminaError, NotFoundError
+from lamina_hookspecs.errors import BackendLostError, InternalError, LaminaError
 from lamina_hookspecs.types import FinishReason, Request, RequestContext, TokenChunk
 from lamina.ab import arm_label
 from lamina.lifecycle import notify, wrap_request
@@ -47,10 +47,7 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
             pm.hook.lamina_admit(ctx=ctx, body=body)
             structlog.contextvars.bind_contextvars(tenant=ctx.tenant, arm=arm_label(ctx.arms))
             ctx.request = request = stack.apply_fallback(ctx, stack.apply_route_tree(ctx, parse(body)))
-            served = {executor.model.id for executor in stack.backends.values()}
-            if request.model not in served:
-                raise NotFoundError(f"model {request.model!r} is not served here; available: "
-                                    f"{', '.join(sorted(served))}", param="model", code="model_not_found")
+            stack.serving(request.model)
             await notify(pm, "lamina_request_admitted", ctx=ctx)
             lost: set[str] = set()
             while True:

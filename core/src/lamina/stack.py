@@ -17,7 +17,7 @@ import attrs
 import structlog
 
 from lamina_hookspecs import hookimpl, layers
-from lamina_hookspecs.errors import ConfigError, NoBackendError
+from lamina_hookspecs.errors import ConfigError, NoBackendError, NotFoundError
 from lamina_hookspecs.protocols import Codec, Executor
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, Request, RequestContext, StackInfo
@@ -233,6 +233,15 @@ class Stack:
         stable = {name: e for name, e in candidates.items() if name != canary.name}
         arm = ctx.arms.setdefault("canary", self._canary_picker.pick(ctx.request_id) if stable else "canary")
         return {canary.name: candidates[canary.name]} if arm == "canary" else stable
+
+    def serving(self, model: str) -> list[Executor]:
+        """The backends that serve ``model``; ``NotFoundError`` (404 ``model_not_found``) if none does."""
+        serving = [executor for executor in self.backends.values() if executor.model.id == model]
+        if not serving:
+            served = sorted({executor.model.id for executor in self.backends.values()})
+            raise NotFoundError(f"model {model!r} is not served here; available: {', '.join(served)}",
+                                param="model", code="model_not_found")
+        return serving
 
     def backend_states(self, request: Request, ctx: RequestContext) -> list[BackendState]:
         """Live state of the backends that may serve this request (its executor arm's, under a split),

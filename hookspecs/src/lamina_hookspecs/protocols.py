@@ -114,6 +114,23 @@ class Executor(Protocol):
 
 
 @runtime_checkable
+class Tokenizes(Protocol):
+    """What an executor that shows its tokenization adds (``POST /tokenize``, ``/detokenize``)."""
+
+    async def tokenize(self, request: Request, *, add_special_tokens: bool = True,
+                       add_generation_prompt: bool = True) -> list[int]:
+        """The prompt ids ``request`` is served with: its prompt's ids, its prompt text encoded
+        (``add_special_tokens``: BOS where the model adds it), or its messages rendered through
+        the chat template (``add_generation_prompt``: ending where the reply starts).
+        Raise ``InvalidRequestError`` for what :meth:`Executor.generate` would refuse."""
+        ...
+
+    async def detokenize(self, token_ids: Sequence[int]) -> str:
+        """The text of ``token_ids``, special tokens included; ``InvalidRequestError`` for an id out of range."""
+        ...
+
+
+@runtime_checkable
 class PrefixCache(Protocol):
     """Layer 4: maps prompt prefixes to stored KV blocks, isolated per ``salt`` (tenant)."""
 

@@ -43,14 +43,15 @@ from lamina_hookspecs.errors import (
     ServiceUnavailableError,
     UnsupportedMediaTypeError,
 )
-from lamina_hookspecs.protocols import Codec, StreamEncoder
+from lamina_hookspecs.protocols import Codec, StreamEncoder, Tokenizes
 from lamina_hookspecs.types import Request, RequestContext, StreamError, StreamMeta, TokenChunk
 from lamina.admission import bearer_token
 from lamina.lifecycle import trace_context
 from lamina.pipeline import run_request
 from lamina.server.metrics import Metrics
 from lamina import __version__
-from lamina.server.openai_api import completion_body, parse_chat, parse_completion, unknown_fields
+from lamina.server.openai_api import (completion_body, parse_chat, parse_completion, parse_detokenize,
+                                      parse_tokenize, unknown_fields)
 from lamina.server.queue_wait import MAX_QUEUE_WAIT_HEADER, bounded, max_queue_wait
 from lamina.stack import Stack
 
@@ -202,6 +203,8 @@ class Server:
             Route("/v1/models", self.models),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/detokenize", self.detokenize, methods=["POST"]),
         ]
         return Starlette(routes=routes, exception_handlers={HTTPException: self._http_error})
 
@@ -264,7 +267,57 @@ class Server:
         raise NotAcceptableError(f"no codec produces any of: {accept}; available: "
                                  + ", ".join(sorted(c.media_type for c in self.stack.codecs.instances.values())))
 
-    async def _read_json(self, request: HttpRequest) -> Mapping[str, Any]:
+    async def tokenize(self, request: HttpRequest) -> Response:
+        """vLLM's ``POST /tokenize``: the prompt ids a completion or chat body would be served with."""
+        ctx = self._context(request, "tokenize", "tok")
+        try:
+            self.stack.admission.authenticate(ctx)
+            body, ignored = await self._body(request, "tokenize")
+            parsed, special, generation = parse_tokenize(body, ctx.request_id, ctx.tenant)
+            executor = self._tokenizer(parsed.model)
+            ids = await executor.tokenize(parsed, add_special_tokens=special, add_generation_prompt=generation)
+        except LaminaError as error:
+            return error_response(error, ctx.request_id)
+        return JSONResponse({"count": len(ids), "max_model_len": executor.model.context_length, "tokens": ids,
+                             "token_strs": None}, headers=self._headers(ctx, ignored))
+
+    async def detokenize(self, request: HttpRequest) -> Response:
+        """vLLM's ``POST /detokenize``: the text of token ids."""
+        ctx = self._context(request, "detokenize", "detok")
+        try:
+            self.stack.admission.authenticate(ctx)
+            body, ignored = await self._body(request, "detokenize")
+            ids = parse_detokenize(body)
+            text = await self._tokenizer(body["model"]).detokenize(ids)
+        except LaminaError as error:
+            return error_response(error, ctx.request_id)
+        return JSONResponse({"prompt": text}, headers=self._headers(ctx, ignored))
+
+    def _tokenizer(self, model: str) -> Any:
+        """A backend serving ``model`` that shows its tokenization (`Tokenizes`)."""
+        for executor in self.stack.serving(model):
+            if isinstance(executor, Tokenizes):
+                return executor
+        raise NotFoundError(f"no backend serving {model!r} here can tokenize (its executor does not implement "
+                            "Tokenizes)", param="model", code="tokenizer_not_available")
+
+    @staticmethod
+    def _headers(ctx: RequestContext, ignored: list[str]) -> dict[str, str]:
+        headers = {"x-request-id": ctx.request_id}
+        if ignored:
+            headers[IGNORED_FIELDS_HEADER] = ",".join(ignored)
+        return headers
+
+    async def _body(self, http: HttpRequest, endpoint: str) -> tuple[dict[str, Any], list[str]]:
+        """The JSON body, less the fields ``endpoint`` does not know unless the stack is strict; and those."""
+        body = await self._read_json(http)
+        ignored = [] if self.strict_fields else unknown_fields(endpoint, body)
+        if ignored:
+            log.warning("request_fields_ignored", fields=ignored)
+            body = {key: value for key, value in body.items() if key not in ignored}
+        return body, ignored
+
+    async def _read_json(self, request: HttpRequest) -> dict[str, Any]:
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type and content_type != "application/json":
             raise UnsupportedMediaTypeError(f"the body must be application/json, not {content_type}")
@@ -289,11 +342,7 @@ class Server:
         try:
             if self.draining:
                 raise ServiceUnavailableError("the server is shutting down", code="draining", retry_after=5)
-            body = await self._read_json(http)
-            ignored = [] if self.strict_fields else unknown_fields(kind, body)
-            if ignored:
-                log.warning("request_fields_ignored", fields=ignored)
-                body = {key: value for key, value in body.items() if key not in ignored}
+            body, ignored = await self._body(http, kind)
             codec = self._negotiate(http.headers.get("accept", ""))
             wait = max_queue_wait(http.headers.get(MAX_QUEUE_WAIT_HEADER))
         except LaminaError as error:
@@ -319,9 +368,7 @@ class Server:
             raise
         request = ctx.request
         assert request is not None
-        headers = {"x-request-id": ctx.request_id}
-        if ignored:
-            headers[IGNORED_FIELDS_HEADER] = ",".join(ignored)
+        headers = self._headers(ctx, ignored)
         if not request.stream:
             try:
                 collected = [first] + await while_connected(http, self._output(ctx, _rest(chunks)))

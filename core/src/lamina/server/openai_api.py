@@ -27,7 +27,10 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "parallel_tool_calls",
                          "tools", "tool_choice", "response_format"}
-FIELDS = {"completion": COMPLETION_FIELDS, "chat": CHAT_FIELDS}
+TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"}
+DETOKENIZE_FIELDS = {"model", "tokens"}
+FIELDS = {"completion": COMPLETION_FIELDS, "chat": CHAT_FIELDS, "tokenize": TOKENIZE_FIELDS,
+          "detokenize": DETOKENIZE_FIELDS}
 """Every field each endpoint's parser reads, by endpoint."""
 
 
@@ -147,6 +150,17 @@ def _sampling(body: Mapping[str, Any], max_tokens_key: str, default_max: int | N
 def parse_completion(body: Mapping[str, Any], request_id: str, tenant: str) -> Request:
     """A ``POST /v1/completions`` body as a :class:`Request`."""
     _check_fields(body, COMPLETION_FIELDS)
+    text, ids = _prompt(body)
+    logprobs = _integer(body, "logprobs", 0, None)
+    if logprobs is not None and logprobs > 5:
+        raise _fail("logprobs", f"must be between 0 and 5; got {logprobs}")
+    return Request(id=request_id, model=body["model"], prompt=text, prompt_token_ids=ids, tenant=tenant,
+                   user=_user(body), stream=bool(body.get("stream", False)),
+                   sampling=_sampling(body, "max_tokens", 16, logprobs is not None, logprobs or 0))
+
+
+def _prompt(body: Mapping[str, Any]) -> tuple[str | None, list[int] | None]:
+    """A completion body's one prompt: its text, or its token ids."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -158,12 +172,7 @@ def parse_completion(body: Mapping[str, Any], request_id: str, tenant: str) -> R
         ids = prompt
     else:
         raise _fail("prompt", "required: a non-empty string or list of token ids (one prompt per request)")
-    logprobs = _integer(body, "logprobs", 0, None)
-    if logprobs is not None and logprobs > 5:
-        raise _fail("logprobs", f"must be between 0 and 5; got {logprobs}")
-    return Request(id=request_id, model=body["model"], prompt=text, prompt_token_ids=ids, tenant=tenant,
-                   user=_user(body), stream=bool(body.get("stream", False)),
-                   sampling=_sampling(body, "max_tokens", 16, logprobs is not None, logprobs or 0))
+    return text, ids
 
 
 def _content(message: Mapping[str, Any], path: str) -> str:
@@ -179,6 +188,20 @@ def _content(message: Mapping[str, Any], path: str) -> str:
 def parse_chat(body: Mapping[str, Any], request_id: str, tenant: str) -> Request:
     """A ``POST /v1/chat/completions`` body as a :class:`Request`."""
     _check_fields(body, CHAT_FIELDS)
+    messages = _messages(body)
+    logprobs = body.get("logprobs")
+    logprobs = False if logprobs is None else logprobs
+    if not isinstance(logprobs, bool):
+        raise _fail("logprobs", f"must be true or false; got {logprobs!r}")
+    top = _integer(body, "top_logprobs", 0, 0) or 0
+    if top > MAX_TOP_LOGPROBS or (top and not logprobs):
+        raise _fail("top_logprobs", f"must be between 0 and {MAX_TOP_LOGPROBS}, with logprobs = true")
+    return Request(id=request_id, model=body["model"], messages=messages, tenant=tenant, user=_user(body),
+                   stream=bool(body.get("stream", False)),
+                   sampling=_sampling(body, "max_completion_tokens", None, logprobs, top))
+
+
+def _messages(body: Mapping[str, Any]) -> tuple[ChatMessage, ...]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _fail("messages", "required: a non-empty list of messages")
@@ -192,16 +215,38 @@ def parse_chat(body: Mapping[str, Any], request_id: str, tenant: str) -> Request
         if role not in ROLES:
             raise _fail(f"{path}.role", f"must be one of {', '.join((*ROLES, *ROLE_ALIASES))}")
         parsed.append(ChatMessage(role=role, content=_content(message, path)))
-    logprobs = body.get("logprobs")
-    logprobs = False if logprobs is None else logprobs
-    if not isinstance(logprobs, bool):
-        raise _fail("logprobs", f"must be true or false; got {logprobs!r}")
-    top = _integer(body, "top_logprobs", 0, 0) or 0
-    if top > MAX_TOP_LOGPROBS or (top and not logprobs):
-        raise _fail("top_logprobs", f"must be between 0 and {MAX_TOP_LOGPROBS}, with logprobs = true")
-    return Request(id=request_id, model=body["model"], messages=tuple(parsed), tenant=tenant, user=_user(body),
-                   stream=bool(body.get("stream", False)),
-                   sampling=_sampling(body, "max_completion_tokens", None, logprobs, top))
+    return tuple(parsed)
+
+
+def _flag(body: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise _fail(key, f"must be true or false; got {value!r}")
+    return value
+
+
+def parse_tokenize(body: Mapping[str, Any], request_id: str, tenant: str) -> tuple[Request, bool, bool]:
+    """A ``POST /tokenize`` body (vLLM's: a completion's ``prompt`` or a chat's ``messages``) as the
+    :class:`Request` it describes, ``add_special_tokens`` and ``add_generation_prompt``."""
+    _check_fields(body, TOKENIZE_FIELDS)
+    chat = body.get("messages") is not None
+    if chat:
+        request = Request(id=request_id, model=body["model"], messages=_messages(body), tenant=tenant)
+    else:
+        text, ids = _prompt(body)
+        request = Request(id=request_id, model=body["model"], prompt=text, prompt_token_ids=ids, tenant=tenant)
+    return request, _flag(body, "add_special_tokens", not chat), _flag(body, "add_generation_prompt", True)
+
+
+def parse_detokenize(body: Mapping[str, Any]) -> list[int]:
+    """The ``tokens`` of a ``POST /detokenize`` body."""
+    _check_fields(body, DETOKENIZE_FIELDS)
+    tokens = body.get("tokens")
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise _fail("tokens", "required: a list of token ids")
+    return tokens
 
 
 def _user(body: Mapping[str, Any]) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import collections.abc
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -161,13 +162,35 @@ class JaxExecutor:
             tokens_per_s=engine.tokens_per_s(), preemptions=engine.scheduler.num_preemptions,
         )
 
-    def _prompt_ids(self, request: Request) -> list[int]:
+    async def tokenize(self, request: Request, *, add_special_tokens: bool = True,
+                       add_generation_prompt: bool = True) -> list[int]:
+        self._loaded()
+        return self._prompt_ids(request, add_special_tokens=add_special_tokens,
+                                add_generation_prompt=add_generation_prompt)
+
+    async def detokenize(self, token_ids: collections.abc.Sequence[int]) -> str:
+        self._loaded()
+        assert self.tokenizer is not None
+        self._check_ids(token_ids, "tokens")
+        return self.tokenizer.decode(token_ids)
+
+    def _loaded(self) -> Engine:
+        if self.engine is None:
+            raise ServiceUnavailableError("the model is not loaded yet", code="model_loading", retry_after=5)
+        return self.engine
+
+    def _check_ids(self, ids: collections.abc.Sequence[int], param: str) -> None:
+        assert self.tokenizer is not None
+        vocab = self.tokenizer.backend.get_vocab_size()
+        if any(not 0 <= t < vocab for t in ids):
+            raise InvalidRequestError(f"{param}: token ids must be in [0, {vocab})", param=param)
+
+    def _prompt_ids(self, request: Request, *, add_special_tokens: bool = True,
+                    add_generation_prompt: bool = True) -> list[int]:
         assert self.tokenizer is not None
         if request.prompt_token_ids is not None:
             ids = list(request.prompt_token_ids)
-            vocab = self.tokenizer.backend.get_vocab_size()
-            if any(not 0 <= t < vocab for t in ids):
-                raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+            self._check_ids(ids, "prompt")
             return ids
         if request.messages is not None:
             if self.tokenizer.chat_template is None:
@@ -176,10 +199,11 @@ class JaxExecutor:
                     "to /v1/completions, or set the jax executor's chat_template option (inline or a file)",
                     param="messages")
             try:
-                return self.tokenizer.encode_chat([{"role": m.role, "content": m.content} for m in request.messages])
+                return self.tokenizer.encode_chat([{"role": m.role, "content": m.content} for m in request.messages],
+                                                  add_generation_prompt=add_generation_prompt)
             except ChatTemplateError as error:
                 raise InvalidRequestError(str(error), param="messages") from error
-        return self.tokenizer.encode(request.prompt or "")
+        return self.tokenizer.encode(request.prompt or "", add_special_tokens=add_special_tokens)
 
     def _check_bias(self, sampling: SamplingParams) -> None:
         """Refuse a ``logit_bias`` naming ids the model has not, or too many ids to hold back for ``min_tokens``."""
@@ -193,9 +217,7 @@ class JaxExecutor:
                                       f"{BIAS_ENTRIES} ids together", param="logit_bias")
 
     def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
-        engine = self.engine
-        if engine is None:
-            raise ServiceUnavailableError("the model is not loaded yet", code="model_loading", retry_after=5)
+        engine = self._loaded()
         ids = self._prompt_ids(request)
         if not ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")

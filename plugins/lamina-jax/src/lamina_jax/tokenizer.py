@@ -108,10 +108,12 @@ class Tokenizer:
             raise ValueError("this model has no chat template")
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]],
-                    tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
-        """Token ids of the rendered chat ready for generation; BOS only where the template writes it."""
-        return self.encode(self.render_chat(messages, tools=tools), add_special_tokens=False)
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
+                    *, add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of the rendered chat (ready for generation unless ``add_generation_prompt`` is false);
+        BOS only where the template writes it."""
+        return self.encode(self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools),
+                           add_special_tokens=False)
 
 
 def _json(path: Path) -> dict[str, Any]:
