@@ -23,6 +23,7 @@ from lamina_hookspecs.errors import (
     AuthenticationError, CodecError, InvalidRequestError, LaminaError, NoBackendError,
 )
 from lamina_hookspecs.layers import Layer
+from lamina_hookspecs.protocols import Tokenizes
 from lamina_hookspecs.registration import BuildContext
 from lamina.testing.streams import decode_stream, encode_stream
 from lamina_hookspecs.types import (
@@ -239,6 +240,21 @@ class ExecutorContract(ComponentContract):
                        sampling=SamplingParams(max_tokens=1))
         with pytest.raises(LaminaError):
             loop.run_until_complete(_drain(executor.generate(huge)))
+
+
+    def test_tokenizes_as_it_serves(self, executor: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """An executor that implements `Tokenizes`: ``tokenize`` gives as many ids as ``generate``
+        counts prompt tokens, ``detokenize`` gives the prompt's text back, and an id out of
+        range is an ``InvalidRequestError``."""
+        if not isinstance(executor, Tokenizes):
+            pytest.skip("the executor does not implement Tokenizes")
+        request = self._request(executor, 1)
+        ids = loop.run_until_complete(executor.tokenize(request))
+        chunks = loop.run_until_complete(_drain(executor.generate(request)))
+        assert chunks[-1].usage is not None and len(ids) == chunks[-1].usage.prompt_tokens > 0
+        assert self.prompt in loop.run_until_complete(executor.detokenize(ids))
+        with pytest.raises(InvalidRequestError):
+            loop.run_until_complete(executor.detokenize([2**40]))
 
 
 class RateLimiterContract(ComponentContract):
