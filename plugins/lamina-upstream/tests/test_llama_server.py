@@ -90,3 +90,22 @@ def test_a_client_leaving_frees_the_llama_server_slot(llama_server: str, front: 
     while any(slot["is_processing"] for slot in httpx.get(f"{llama_server}/slots", timeout=5).json()):
         assert time.monotonic() < deadline, "llama-server kept generating for a client that left"
         time.sleep(0.1)
+
+
+def test_tokenize_through_lamina_is_llama_servers_own(llama_server: str, front: Callable[..., StackServer]) -> None:
+    """``/tokenize`` of a prompt gives llama-server's ids; of a chat, as many as its chat completion
+    counts; ``/detokenize`` gives its text."""
+    server = front(llama_server, served_name="smollm2")
+    prompt = "The capital of France is"
+    ours = httpx.post(f"{server.url}/tokenize", json={"model": "smollm2", "prompt": prompt}, timeout=10).json()
+    theirs = httpx.post(f"{llama_server}/tokenize", json={"content": prompt, "add_special": True}, timeout=10).json()
+    assert ours["tokens"] == theirs["tokens"] and ours["count"] == len(theirs["tokens"])
+    messages = [{"role": "user", "content": "Name three colours."}]
+    chat = httpx.post(f"{server.url}/tokenize", json={"model": "smollm2", "messages": messages}, timeout=10).json()
+    direct = openai.OpenAI(base_url=f"{llama_server}/v1", api_key="unused", max_retries=0)
+    completion = direct.chat.completions.create(model=direct.models.list().data[0].id, messages=messages,
+                                                max_tokens=1)
+    assert chat["count"] == completion.usage.prompt_tokens
+    text = httpx.post(f"{server.url}/detokenize", json={"model": "smollm2", "tokens": ours["tokens"]},
+                      timeout=10).json()["prompt"]
+    assert text == prompt

@@ -17,6 +17,7 @@ from lamina_upstream.options import UpstreamOptions
 from lamina_upstream.upstream_body import CHAT_PATH, COMPLETION_PATH, upstream_call
 from lamina_upstream.upstream_load import load_from_metrics, load_from_slots
 from lamina_upstream.upstream_stream import UpstreamStream
+from lamina_upstream.upstream_tokens import answer, detokenize_body, template_body, tokenize_body
 
 
 def _chat(**sampling: object) -> Request:
@@ -206,3 +207,24 @@ def test_backends_entries_take_an_address_or_an_executor() -> None:
         StackConfig.from_dict({"backends": [{"name": "b"}]}, registry)
     with pytest.raises(ConfigError, match=r"backends\[0\]\.executor\.url: missing"):
         StackConfig.from_dict({"backends": [{"name": "b", "executor": {"use": "openai-upstream"}}]}, registry)
+
+
+def test_tokenize_bodies_follow_each_engine() -> None:
+    chat, text = _chat(), Request(id="r", model="m", prompt="once")
+    assert tokenize_body(chat, "up", "vllm", add_special_tokens=False, add_generation_prompt=True) == {
+        "model": "up", "add_special_tokens": False, "messages": [{"role": "user", "content": "hi"}],
+        "add_generation_prompt": True}
+    assert tokenize_body(text, "up", "lamina", add_special_tokens=True, add_generation_prompt=True) == {
+        "model": "up", "add_special_tokens": True, "prompt": "once"}
+    assert tokenize_body(text, "up", "llama-server", add_special_tokens=False, add_generation_prompt=True) == {
+        "content": "once", "add_special": False}
+    assert template_body(chat, False) == {"messages": [{"role": "user", "content": "hi"}],
+                                          "add_generation_prompt": False}
+    assert tokenize_body(chat, "up", "llama-server", add_special_tokens=False, add_generation_prompt=True,
+                         rendered="<|im_start|>user\nhi") == {"content": "<|im_start|>user\nhi", "add_special": True}
+    assert detokenize_body((1, 2), "up", "llama-server") == {"tokens": [1, 2]}
+    assert detokenize_body([1, 2], "up", "vllm") == {"model": "up", "tokens": [1, 2]}
+    assert answer({"tokens": [1, 2]}, "tokens", list, "u") == [1, 2]
+    for payload in ({}, {"tokens": "12"}, {"tokens": [1, "2"]}):
+        with pytest.raises(BackendLostError):
+            answer(payload, "tokens", list, "u")

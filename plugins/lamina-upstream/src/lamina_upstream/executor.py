@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -37,6 +37,8 @@ from lamina_upstream.options import ENGINES, OWNED_BY, Engine, UpstreamOptions
 from lamina_upstream.upstream_body import CHAT_PATH, upstream_call
 from lamina_upstream.upstream_load import HEALTH_PATH, UpstreamLoad, load_from_metrics, load_from_slots
 from lamina_upstream.upstream_stream import BYTES_PER_TOKEN, UpstreamStream
+from lamina_upstream.upstream_tokens import (DETOKENIZE_PATH, TEMPLATE_PATH, TOKENIZE_PATH, answer,
+                                             detokenize_body, template_body, tokenize_body)
 
 KV_SCALE = 1000
 """An upstream reports KV usage as a fraction; ``state()`` gives it as blocks out of this many."""
@@ -121,10 +123,44 @@ class UpstreamExecutor:
             tokens_per_s=self._rate)
 
     def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
+        path, body = upstream_call(request, self._upstream_model, self._started())
+        return self._stream(request, path, body)
+
+    async def tokenize(self, request: Request, *, add_special_tokens: bool = True,
+                       add_generation_prompt: bool = True) -> list[int]:
+        """The upstream's own tokenization (:mod:`lamina_upstream.upstream_tokens`)."""
+        if request.prompt_token_ids is not None:
+            return list(request.prompt_token_ids)
+        rendered = None
+        if self.engine == "llama-server" and request.messages is not None:
+            rendered = answer(await self._post(TEMPLATE_PATH, template_body(request, add_generation_prompt)),
+                              "prompt", str, self.options.url)
+        body = tokenize_body(request, self._upstream_model, self._started(), add_special_tokens=add_special_tokens,
+                             add_generation_prompt=add_generation_prompt, rendered=rendered)
+        return answer(await self._post(TOKENIZE_PATH, body), "tokens", list, self.options.url)
+
+    async def detokenize(self, token_ids: Sequence[int]) -> str:
+        engine = self._started()
+        payload = await self._post(DETOKENIZE_PATH, detokenize_body(token_ids, self._upstream_model, engine))
+        return answer(payload, "content" if engine == "llama-server" else "prompt", str,
+                      self.options.url)
+
+    def _started(self) -> Engine:
         if self._client is None or self.engine is None:
             raise BackendLostError(f"upstream {self.options.url} is not started")
-        path, body = upstream_call(request, self._upstream_model, self.engine)
-        return self._stream(request, path, body)
+        return self.engine
+
+    async def _post(self, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """POST ``body`` to the upstream and return its JSON answer; its errors as Lamina's."""
+        assert self._client is not None
+        try:
+            response = await self._client.post(path, content=orjson.dumps(body),
+                                               headers={"Content-Type": "application/json"})
+        except httpx.TransportError as exc:
+            raise BackendLostError(f"upstream {self.options.url} was lost: {type(exc).__name__}: {exc}") from None
+        if response.status_code != 200:
+            raise _http_error(response, self.options.url)
+        return _json(response.text)
 
     async def _stream(self, request: Request, path: str, body: Mapping[str, Any]) -> AsyncIterator[TokenChunk]:
         assert self._client is not None

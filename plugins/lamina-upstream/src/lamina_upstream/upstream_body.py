@@ -30,6 +30,11 @@ CHAT_PATH = "/v1/chat/completions"
 COMPLETION_PATH = "/v1/completions"
 
 
+def upstream_messages(request: Request) -> list[dict[str, str]]:
+    """``request``'s chat messages as OpenAI JSON."""
+    return [{"role": m.role, "content": m.content} for m in request.messages or ()]
+
+
 def upstream_call(request: Request, model: str, engine: Engine) -> tuple[str, dict[str, Any]]:
     """The path to POST and the JSON body that asks the upstream for ``request``."""
     sampling = request.sampling
@@ -37,7 +42,7 @@ def upstream_call(request: Request, model: str, engine: Engine) -> tuple[str, di
                             "temperature": sampling.temperature, "top_p": sampling.top_p}
     if request.messages is not None:
         path = CHAT_PATH
-        body["messages"] = [{"role": m.role, "content": m.content} for m in request.messages]
+        body["messages"] = upstream_messages(request)
     else:
         path = COMPLETION_PATH
         body["prompt"] = request.prompt if request.prompt is not None else list(request.prompt_token_ids or ())
