@@ -113,6 +113,16 @@ class NotFoundError(LaminaError):
     openai_type = "not_found_error"
 
 
+class TokenizerNotAvailableError(NotFoundError):
+    """The backend serving a model cannot show its tokenization (HTTP 404): its executor does not
+    implement `Tokenizes`, or what it fronts does not."""
+
+    CODE: ClassVar[str] = "tokenizer_not_available"
+
+    def __init__(self, message: str, *, param: str | None = "model") -> None:
+        super().__init__(message, param=param, code=self.CODE)
+
+
 class RateLimitError(LaminaError):
     """A rate limiter refused the request (HTTP 429); ``retry_after`` says when to retry."""
 

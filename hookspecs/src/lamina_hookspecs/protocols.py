@@ -122,7 +122,8 @@ class Tokenizes(Protocol):
         """The prompt ids ``request`` is served with: its prompt's ids, its prompt text encoded
         (``add_special_tokens``: BOS where the model adds it), or its messages rendered through
         the chat template (``add_generation_prompt``: ending where the reply starts).
-        Raise ``InvalidRequestError`` for what :meth:`Executor.generate` would refuse."""
+        Raise ``InvalidRequestError`` for what :meth:`Executor.generate` would refuse, and
+        ``TokenizerNotAvailableError`` where this instance cannot tokenize (what it fronts does not)."""
         ...
 
     async def detokenize(self, token_ids: Sequence[int]) -> str:

@@ -19,7 +19,7 @@ from lamina.testing.contracts import ExecutorContract
 from lamina.testing.streams import decode_stream
 from lamina_hookspecs import layers
 from lamina_hookspecs.registration import BuildContext
-from lamina_hookspecs.errors import ConfigError, ServiceUnavailableError
+from lamina_hookspecs.errors import ConfigError, ServiceUnavailableError, TokenizerNotAvailableError
 from lamina_hookspecs.types import Request, SamplingParams, StreamError, TokenChunk
 
 from lamina_upstream.executor import UpstreamExecutor
@@ -111,6 +111,14 @@ def test_an_upstream_400_keeps_its_status_and_message(echo_upstream: StackServer
     assert "exceeds the context length 4096" in refused.value.message
     assert refused.value.code == "context_length_exceeded"
     assert httpx.get(f"{server.url}/ready", timeout=5).status_code == 200
+
+
+def test_an_upstream_that_cannot_tokenize_answers_tokenize_with_its_404(echo_upstream: StackServer,
+                                                                        front: Callable[..., StackServer]) -> None:
+    server = front(echo_upstream.url)
+    response = httpx.post(f"{server.url}/tokenize", json={"model": "echo-up", "prompt": "a b"}, timeout=10)
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == TokenizerNotAvailableError.CODE
 
 
 def test_a_client_that_leaves_cancels_the_upstream_request(serve: Callable[[str], StackServer],

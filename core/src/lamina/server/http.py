@@ -41,6 +41,7 @@ from lamina_hookspecs.errors import (
     NotFoundError,
     PayloadTooLargeError,
     ServiceUnavailableError,
+    TokenizerNotAvailableError,
     UnsupportedMediaTypeError,
 )
 from lamina_hookspecs.protocols import Codec, StreamEncoder, Tokenizes
@@ -298,8 +299,8 @@ class Server:
         for executor in self.stack.serving(model):
             if isinstance(executor, Tokenizes):
                 return executor
-        raise NotFoundError(f"no backend serving {model!r} here can tokenize (its executor does not implement "
-                            "Tokenizes)", param="model", code="tokenizer_not_available")
+        raise TokenizerNotAvailableError(f"no backend serving {model!r} here can tokenize (its executor does "
+                                         "not implement Tokenizes)")
 
     @staticmethod
     def _headers(ctx: RequestContext, ignored: list[str]) -> dict[str, str]:
