@@ -14,6 +14,14 @@ from lamina.server.http import Server
 from lamina.server.serve import build_app
 from lamina.stack import Stack
 from lamina.stack_config import StackConfig
+from lamina_jax.testing import release_compiled_code
+
+
+@pytest.fixture(autouse=True)
+def _compiled_code_within_the_map_limit() -> Iterator[None]:
+    """This process compiles dozens of models: `release_compiled_code` after each test that nears the limit."""
+    yield
+    release_compiled_code()
 
 
 class Live:

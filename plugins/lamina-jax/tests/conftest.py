@@ -1,8 +1,16 @@
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from lamina_jax.testing import write_tiny_gguf
+from lamina_jax.testing import release_compiled_code, write_tiny_gguf
+
+
+@pytest.fixture(autouse=True)
+def _compiled_code_within_the_map_limit() -> Iterator[None]:
+    """This process compiles dozens of models: `release_compiled_code` after each test that nears the limit."""
+    yield
+    release_compiled_code()
 
 
 @pytest.fixture(scope="session")

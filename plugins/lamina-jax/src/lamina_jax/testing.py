@@ -1,20 +1,56 @@
 """Helpers for tests of this plugin and of code built on it.
 
 A tiny random Llama in numpy, an independent float64 numpy forward pass to check the JAX model
-against, the metadata of a tiny byte-level BPE tokenizer, and a writer of GGUF files in llama.cpp's
-layout (Q/K rows permuted, quantized with ``gguf.quants.quantize``).
+against, the metadata of a tiny byte-level BPE tokenizer, a writer of GGUF files in llama.cpp's
+layout (Q/K rows permuted, quantized with ``gguf.quants.quantize``), and `release_compiled_code`
+for test processes that compile many models.
 """
 
+import gc
 import os
 from pathlib import Path
 from typing import Any
 
 import gguf
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import LayerParams, LlamaParams
+
+MAP_SHARE = 0.5
+"""`release_compiled_code` frees JAX's compiled code once the process holds this share of the kernel's limit on memory maps."""
+
+
+def _memory_maps() -> tuple[int, int] | None:
+    """The process's memory maps and the kernel's limit on them (``vm.max_map_count``); None off Linux."""
+    try:
+        limit = int(Path("/proc/sys/vm/max_map_count").read_text())
+        with open("/proc/self/maps", "rb") as maps:
+            return sum(1 for _ in maps), limit
+    except OSError:
+        return None
+
+
+def release_compiled_code() -> bool:
+    """Drop JAX's caches of compiled executables (`jax.clear_caches`) when the process nears its
+    limit on memory maps; whether it did.
+
+    XLA:CPU maps each executable's code in a few hundred separate maps (a model's prefill or decode
+    shape: about 390), and the jit caches keep every executable of every configuration alive. A
+    test process that loads dozens of models passes the kernel's default limit of 65,530, and then
+    the next compile fails to map its code and the process dies (SIGSEGV or SIGABRT inside
+    ``backend_compile_and_load``). A serving process, which loads its models once, stays far below.
+    """
+    counted = _memory_maps()
+    if counted is None or counted[0] < MAP_SHARE * counted[1]:
+        return False
+    gc.collect()
+    jax.clear_caches()
+    gc.collect()
+    return True
+
 
 Weights = dict[str, Any]
 """``embed``, ``norm``, ``lm_head`` (``None`` if tied) and ``layers``: dicts keyed as `LayerParams`."""
