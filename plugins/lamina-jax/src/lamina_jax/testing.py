@@ -20,7 +20,8 @@ from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import LayerParams, LlamaParams
 
 MAP_SHARE = 0.5
-"""`release_compiled_code` frees JAX's compiled code once the process holds this share of the kernel's limit on memory maps."""
+"""`release_compiled_code` frees JAX's compiled code once the process holds this share of the
+kernel's limit on memory maps."""
 
 
 def _memory_maps() -> tuple[int, int] | None:
