@@ -30,6 +30,26 @@ def _tuple_of_ints(value: object) -> tuple[int, ...]:
     return tuple(map(int, value))  # type: ignore[call-overload]
 
 
+StructuredKind = Literal["json", "json_object", "regex", "choice", "grammar"]
+STRUCTURED_KINDS: tuple[str, ...] = get_args(StructuredKind)
+"""The kinds of `StructuredOutput`, named as the keys of vLLM's ``structured_outputs``."""
+
+
+@attrs.frozen(kw_only=True)
+class StructuredOutput:
+    """What the generated text must be (structured output): for ``json`` a JSON document valid
+    against the JSON Schema ``spec`` (as JSON text); for ``json_object`` any JSON object; for
+    ``regex`` a full match of the regular expression ``spec``; for ``choice`` exactly one of
+    ``choices``; for ``grammar`` a sentence of the grammar ``spec`` (Lark when it has a ``start:``
+    rule, otherwise GBNF as llama.cpp and vLLM write it). ``param`` is the request field it came from, which errors about it name.
+    """
+
+    kind: StructuredKind = attrs.field(validator=attrs.validators.in_(STRUCTURED_KINDS))
+    spec: str = ""
+    choices: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    param: str = "structured_outputs"
+
+
 @attrs.frozen(kw_only=True)
 class SamplingParams:
     """How to pick tokens. ``temperature == 0`` means greedy; ``top_k == 0`` means off.
@@ -46,6 +66,8 @@ class SamplingParams:
     output; ``min_p`` drops tokens less likely than that fraction of the most likely one (after
     temperature); and until ``min_tokens`` tokens are generated, the end-of-sequence and stop tokens
     cannot be chosen and stop strings do not end the output. Logprobs stay those of the model.
+    With ``structured``, only tokens that keep the text a prefix of what it allows can be chosen,
+    and generation stops once the text is complete and nothing more can follow.
     """
 
     max_tokens: int | None = attrs.field(
@@ -72,6 +94,7 @@ class SamplingParams:
         validator=attrs.validators.max_len(MAX_LOGIT_BIAS))
     min_p: float = attrs.field(default=0.0, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)])
     min_tokens: int = attrs.field(default=0, validator=attrs.validators.ge(0))
+    structured: StructuredOutput | None = None
 
     @property
     def adjusts_logits(self) -> bool:

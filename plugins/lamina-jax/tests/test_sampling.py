@@ -29,7 +29,7 @@ def run(
     ``adjust`` replaces fields of `unadjusted` (and turns adjusting on)."""
     rows = logits.shape[0]
     keys = np.stack([request_key(seed) for seed in (seeds if seeds is not None else range(rows))])
-    fields = unadjusted(rows, 8) | adjust | ({"adjust": np.bool_(True)} if adjust else {})
+    fields = unadjusted(rows, 8, logits.shape[1]) | adjust | ({"adjust": np.bool_(True)} if adjust else {})
     batch = SamplingBatch(
         temperature=jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), (rows,)),
         top_k=jnp.broadcast_to(jnp.asarray(top_k, jnp.int32), (rows,)),
@@ -226,9 +226,39 @@ def test_penalties_follow_vllms_formulas() -> None:
                                log_softmax(logits)[np.arange(2), np.asarray(result.tokens)], atol=1e-5)
 
 
+def bitmask(rows: list[list[int] | None], vocab: int) -> np.ndarray:
+    """The `SamplingBatch.allowed` words letting each row choose only its listed tokens (``None``: any)."""
+    bits = np.ones((len(rows), -(-vocab // 32) * 32), np.uint8)
+    for i, tokens in enumerate(rows):
+        if tokens is not None:
+            bits[i] = 0
+            bits[i, tokens] = 1
+    return np.packbits(bits, axis=1, bitorder="little").view(np.int32)
+
+
+def test_a_token_bitmask_limits_greedy_and_random_rows_to_its_tokens() -> None:
+    vocab = 1000  # not a multiple of 32: the last word's spare bits stay unused
+    logits = random_logits(3, vocab, seed=21)
+    allowed = [[5, 40, 999], [7, 8, 9, 300], None]
+    masks = bitmask(allowed, vocab)
+    for temperature in (0.0, 1.0):
+        result = run(logits, temperature=temperature, allowed=masks, guided=np.bool_(True))
+        tokens = np.asarray(result.tokens)
+        assert tokens[0] in allowed[0] and tokens[1] in allowed[1]
+        if temperature == 0:
+            assert tokens[0] == max(allowed[0], key=lambda t: logits[0, t])
+        # the unguided row chooses as it would in a batch without a mask
+        assert tokens[2] == np.asarray(run(logits, temperature=temperature).tokens)[2]
+        # logprobs stay the model's
+        np.testing.assert_allclose(np.asarray(result.logprobs), log_softmax(logits)[np.arange(3), tokens], atol=1e-5)
+    draws = {int(np.asarray(run(logits[1:2], temperature=2.0, seeds=[seed], allowed=masks[1:2],
+                                 guided=np.bool_(True)).tokens)[0]) for seed in range(40)}
+    assert draws <= set(allowed[1]) and len(draws) > 1
+
+
 def test_a_logit_bias_forces_and_forbids_tokens() -> None:
     logits = random_logits(3, seed=12)
-    bias_ids = np.full((3, unadjusted(3, 1)["bias_ids"].shape[1]), -1, np.int32)
+    bias_ids = np.full((3, unadjusted(3, 1, VOCAB)["bias_ids"].shape[1]), -1, np.int32)
     bias_values = np.zeros(bias_ids.shape, np.float32)
     bias_ids[0, 0], bias_values[0, 0] = 17, 100.0  # row 0 must pick 17
     top = logits[1].argmax()

@@ -3,30 +3,38 @@
 Parsing checks every field it knows with an error that names it
 (``temperature: must be a number between 0 and 2``); ``null`` means "not given" for every
 optional field. Fields OpenAI defines but Lamina does not support yet, or supports only at one
-value (``n`` > 1, tools, structured output), are refused with a 400 rather than silently
-ignored. Fields it does not know are refused too: the HTTP server removes them first unless
+value (``n`` > 1, tools), are refused with a 400 rather than silently ignored. Fields it does not know are refused too: the HTTP server removes them first unless
 the stack asks for strict fields (`unknown_fields`).
 Besides OpenAI's fields, vLLM's sampling extensions are read: ``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos`` and ``stop_token_ids``.
+
+Structured output comes as OpenAI's ``response_format`` (``json_object``, or ``json_schema`` with
+its ``schema``), as vLLM's ``structured_outputs`` object (one of ``json``, ``json_object``,
+``regex``, ``choice``, ``grammar``) or as vLLM's older ``guided_json``, ``guided_regex``,
+``guided_choice`` and ``guided_grammar``; at most one constraint per request. Its shape is checked
+here; whether a schema, regex or grammar compiles is the executor's to say.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lamina_hookspecs.errors import InvalidRequestError
-from lamina_hookspecs.types import (MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES, ChatMessage, Completion,
-                                    Request, SamplingParams, TokenChunk, Usage)
+from lamina_hookspecs.types import (MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES, STRUCTURED_KINDS,
+                                    ChatMessage, Completion, Request, SamplingParams, StructuredOutput, TokenChunk,
+                                    Usage)
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options",
            "user", "presence_penalty", "frequency_penalty", "logit_bias", "ignore_eos", "stop_token_ids",
-           "repetition_penalty", "min_p", "min_tokens"}
+           "repetition_penalty", "min_p", "min_tokens", "response_format", "structured_outputs", "guided_json",
+           "guided_regex", "guided_choice", "guided_grammar"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "parallel_tool_calls",
-                         "tools", "tool_choice", "response_format"}
+                         "tools", "tool_choice"}
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"}
 DETOKENIZE_FIELDS = {"model", "tokens"}
 FIELDS = {"completion": COMPLETION_FIELDS, "chat": CHAT_FIELDS, "tokenize": TOKENIZE_FIELDS,
@@ -81,7 +89,6 @@ def _check_fields(body: Mapping[str, Any], known: set[str]) -> None:
     _only(body, "suffix", lambda v: False, "no suffix")
     for key in ("tools", "tool_choice"):
         _only(body, key, lambda v: v in ([], "none"), f"no {key.replace('_', ' ')}")
-    _only(body, "response_format", lambda v: v == {"type": "text"}, "response_format text")
     for key in ("stream", "ignore_eos", "parallel_tool_calls"):
         if body.get(key) is not None and not isinstance(body[key], bool):
             raise _fail(key, f"must be true or false; got {body[key]!r}")
@@ -117,6 +124,70 @@ def _logit_bias(body: Mapping[str, Any]) -> tuple[tuple[int, float], ...]:
     return tuple(pairs)
 
 
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+"""vLLM's older structured-output fields, by the `StructuredOutput` kind each gives."""
+
+
+def _constraint(kind: str, value: Any, param: str) -> StructuredOutput | None:
+    """One constraint given as ``value`` for ``kind`` (``None`` for ``json_object: false``)."""
+    if kind == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise _fail(param, "must be a JSON schema: an object, or its JSON text") from None
+        if not isinstance(value, Mapping):
+            raise _fail(param, "must be a JSON schema: an object, or its JSON text")
+        return StructuredOutput(kind="json", spec=json.dumps(value), param=param)
+    if kind == "json_object":
+        if not isinstance(value, bool):
+            raise _fail(param, f"must be true or false; got {value!r}")
+        return StructuredOutput(kind="json_object", param=param) if value else None
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise _fail(param, "must be a non-empty list of non-empty strings")
+        return StructuredOutput(kind="choice", choices=tuple(value), param=param)
+    if not isinstance(value, str) or not value:
+        raise _fail(param, "must be a non-empty string")
+    return StructuredOutput(kind=kind, spec=value, param=param)  # type: ignore[arg-type]
+
+
+def _response_format(value: Any) -> StructuredOutput | None:
+    kind = value.get("type") if isinstance(value, Mapping) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutput(kind="json_object", param="response_format")
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("schema"), Mapping):
+            raise _fail("response_format.json_schema.schema", "required: the JSON schema the reply must match")
+        return StructuredOutput(kind="json", spec=json.dumps(spec["schema"]), param="response_format")
+    raise _fail("response_format", "must be an object whose type is text, json_object or json_schema")
+
+
+def _structured(body: Mapping[str, Any]) -> StructuredOutput | None:
+    """The request's one structured-output constraint, from whichever field gives it."""
+    found: list[StructuredOutput | None] = []
+    if body.get("response_format") is not None:
+        found.append(_response_format(body["response_format"]))
+    given = body.get("structured_outputs")
+    if given is not None:
+        if not isinstance(given, Mapping):
+            raise _fail("structured_outputs", "must be an object")
+        for key, value in given.items():
+            if key not in STRUCTURED_KINDS:
+                raise _fail(f"structured_outputs.{key}", f"not supported; use one of {', '.join(STRUCTURED_KINDS)}")
+            if value is not None:
+                found.append(_constraint(key, value, f"structured_outputs.{key}"))
+    found += [_constraint(kind, body[key], key) for key, kind in _GUIDED.items() if body.get(key) is not None]
+    constraints = [c for c in found if c is not None]
+    if len(constraints) > 1:
+        raise _fail(constraints[1].param, f"a request takes one structured output constraint; {constraints[0].param} "
+                                          "gives one already")
+    return constraints[0] if constraints else None
+
+
 def _sampling(body: Mapping[str, Any], max_tokens_key: str, default_max: int | None,
               logprobs: bool, top_logprobs: int) -> SamplingParams:
     max_tokens = _integer(body, max_tokens_key, 1, _integer(body, "max_tokens", 1, default_max))
@@ -144,6 +215,7 @@ def _sampling(body: Mapping[str, Any], max_tokens_key: str, default_max: int | N
         presence_penalty=_number(body, "presence_penalty", -2.0, 2.0, 0.0),
         frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0, 0.0), repetition_penalty=repetition,
         logit_bias=_logit_bias(body), min_p=_number(body, "min_p", 0.0, 1.0, 0.0), min_tokens=min_tokens,
+        structured=_structured(body),
     )
 
 

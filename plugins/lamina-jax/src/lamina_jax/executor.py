@@ -1,7 +1,7 @@
 """The ``jax`` executor: the Executor protocol over the engine thread.
 
-``generate`` tokenizes on the event loop (the chat template for messages), checks the
-request against the context window, the KV pool and the queue's bounds (its length, and with a
+``generate`` tokenizes on the event loop (the chat template for messages), compiles a structured
+output's grammar (`structured_output`), checks the request against the context window, the KV pool and the queue's bounds (its length, and with a
 ``max_queue_wait_s``, the option's or the tighter one the request carries, the wait the queue
 ahead already means), and returns an async
 iterator fed by the engine thread through an ``asyncio.Queue``. Closing it early aborts the
@@ -37,6 +37,7 @@ from lamina_jax.options import BUILTIN_MODEL, JaxOptions
 from lamina_jax.sampling import BIAS_ENTRIES, request_key
 from lamina_jax.scheduler import Scheduler
 from lamina_jax.sequence import Sequence
+from lamina_jax.structured_output import Grammars, Matcher
 from lamina_jax.chat_template import ChatTemplateError
 from lamina_jax.tokenizer import Tokenizer
 from lamina_jax.weight_formats import cast, configure
@@ -66,6 +67,7 @@ class JaxExecutor:
         self.model = ModelInfo(id=name, context_length=options.max_model_len)
         self.engine: Engine | None = None
         self.tokenizer: Tokenizer | None = None
+        self.grammars: Grammars | None = None
         self._outstanding = 0
         self._outstanding_tokens = 0
 
@@ -91,6 +93,7 @@ class JaxExecutor:
         block_bytes = options.block_size * kv_bytes_per_position(config, options.kv_dtype)
         num_blocks = max(int(options.kv_cache_mb * 2**20 // block_bytes), blocks_for(max_len, options.block_size))
         self.tokenizer = tokenizer
+        self.grammars = Grammars(tokenizer, config.vocab_size)
         shapes = ModelRunner.shapes_for(max_batch=options.max_batch, prefill_chunk=options.prefill_chunk)
         params, model_config, shape_weights = self._weights(loaded_params, config, shapes)
         runner = ModelRunner(params, model_config, num_blocks=num_blocks, block_size=options.block_size,
@@ -222,6 +225,9 @@ class JaxExecutor:
         if not ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         self._check_bias(request.sampling)
+        structured = request.sampling.structured
+        assert self.grammars is not None
+        matcher = None if structured is None else self.grammars.matcher(structured)
         limit = self.model.context_length
         budget = request.sampling.max_tokens or limit - len(ids)
         if budget < 1 or len(ids) + budget > limit:
@@ -237,9 +243,11 @@ class JaxExecutor:
                 f"the server is overloaded: a new request would wait about {expected:.0f} s to start, longer than "
                 f"max_queue_wait_s ({bound:g} s)", code="overloaded", retry_after=min(expected, 60.0))
         return self._stream(engine, attrs.evolve(request, max_queue_wait_s=bound,
-                                                 sampling=attrs.evolve(request.sampling, max_tokens=budget)), ids)
+                                                 sampling=attrs.evolve(request.sampling, max_tokens=budget)), ids,
+                            matcher)
 
-    async def _stream(self, engine: Engine, request: Request, ids: list[int]) -> AsyncIterator[TokenChunk]:
+    async def _stream(self, engine: Engine, request: Request, ids: list[int],
+                      matcher: Matcher | None) -> AsyncIterator[TokenChunk]:
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[TokenChunk | LaminaError] = asyncio.Queue()
 
@@ -253,7 +261,7 @@ class JaxExecutor:
         ends = frozenset(sampling.stop_token_ids) | (frozenset() if sampling.ignore_eos else self.tokenizer.eos_ids)
         seq = Sequence(request_id=request.id, prompt_ids=ids, sampling=request.sampling, emit=emit, end_ids=ends,
                        key=request_key(request.sampling.seed), salt=request.tenant.encode(),
-                       max_queue_wait_s=request.max_queue_wait_s)
+                       max_queue_wait_s=request.max_queue_wait_s, matcher=matcher)
         tokens = len(ids) + (request.sampling.max_tokens or 0)
         self._outstanding += 1
         self._outstanding_tokens += tokens

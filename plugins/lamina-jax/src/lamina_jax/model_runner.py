@@ -34,6 +34,7 @@ from lamina_jax.model.llama import ATTENTION_CHUNK, KVCache, KVDtype, LlamaParam
 from lamina_jax.sampling import SampleResult, SamplingBatch, sample, unadjusted
 from lamina_jax.scheduler import PrefillWork
 from lamina_jax.sequence import Sequence
+from lamina_jax.structured_output import fill_mask
 
 
 SORT_CAP = 256
@@ -173,7 +174,8 @@ class ModelRunner:
         temperature, top_p, min_p = np.zeros(rows, np.float32), np.ones(rows, np.float32), np.zeros(rows, np.float32)
         top_k, steps = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
         keys = np.zeros((rows, 2), np.uint32)
-        adjust = self._unadjusted.setdefault(rows, unadjusted(rows, self.table_width * self.block_size))
+        adjust = self._unadjusted.setdefault(
+            rows, unadjusted(rows, self.table_width * self.block_size, self.config.vocab_size))
         copied = False
         wants_top = False
         for i, seq in enumerate(seqs):
@@ -185,10 +187,14 @@ class ModelRunner:
             keys[i] = seq.key
             wants_top |= params.logprobs and params.top_logprobs > 0
             held = seq.end_ids if len(seq.output_ids) < params.min_tokens else ()
-            if params.adjusts_logits or held:
+            if params.adjusts_logits or held or seq.matcher is not None:
                 if not copied:  # the shared "no adjustment" arrays stay untouched
                     adjust, copied = {key: np.array(value) for key, value in adjust.items()}, True
-                _adjust_row(adjust, i, seq, held)
+                if params.adjusts_logits or held:
+                    _adjust_row(adjust, i, seq, held)
+                if seq.matcher is not None:
+                    fill_mask(seq.matcher, adjust["allowed"], i)
+                    adjust["guided"] = np.bool_(True)
         batch = SamplingBatch(temperature=temperature, top_k=top_k, top_p=top_p, keys=keys, steps=steps, min_p=min_p,
                               **adjust)
         return batch, (temperature <= 0).all(), wants_top

@@ -2,17 +2,24 @@
 
 One :class:`_Output` per sequence holds its incremental detokenizer and stop-string filter. The
 engine hands every sampled row to :meth:`OutputProcessor.accept`, which appends the token, decides
-whether the sequence is finished (EOS, a stop token or string, ``max_tokens``, the context
-window) and emits a :class:`~lamina_hookspecs.types.TokenChunk` through the sequence's ``emit``.
+whether the sequence is finished (EOS, a stop token or string, structured output complete,
+``max_tokens``, the context window) and emits a :class:`~lamina_hookspecs.types.TokenChunk` through the sequence's ``emit``.
 """
 
 from __future__ import annotations
 
+import structlog
+
+from lamina_hookspecs.errors import InternalError
 from lamina_hookspecs.types import FinishReason, TokenChunk, TopLogprob, Usage
 from lamina_jax.model_runner import SampledRow
 from lamina_jax.sequence import Sequence
 from lamina_jax.stop_text import StopText
+from lamina_jax.structured_output import advance
 from lamina_jax.tokenizer import Tokenizer, IncrementalDetokenizer
+
+
+log = structlog.get_logger(__name__)
 
 
 class _Output:
@@ -52,6 +59,14 @@ class OutputProcessor:
         else:
             text, hit = output.stop_text.push(output.detokenizer.add(token))
             finish = "stop" if hit else None
+        if finish is None and seq.matcher is not None:
+            try:
+                finish = "stop" if advance(seq.matcher, token) else None
+            except RuntimeError as error:
+                log.error("structured_output_failed", request_id=seq.request_id, error=str(error))
+                seq.emit(InternalError("the executor lost track of this request's structured output"))
+                self.drop(seq)
+                return True
         if finish is None and (len(seq.output_ids) >= sampling.max_tokens or seq.length >= self.max_model_len):
             finish = "length"
         if finish is not None and not hit:

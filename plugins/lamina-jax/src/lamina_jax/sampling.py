@@ -7,7 +7,9 @@ penalties over its output, and a sparse bias (``logit_bias``, and ``-inf`` on th
 not end on yet, ``min_tokens``). Greedy rows then take the argmax. A random row applies temperature,
 then min-p, then top-k, then top-p (nucleus), then draws with `jax.random.categorical`. The logprobs
 returned follow OpenAI: those of the model's distribution (log-softmax of the unmodified logits),
-not of the adjusted, temperature-scaled or filtered one.
+not of the adjusted, temperature-scaled or filtered one. A row under structured output
+(`structured_output`) then keeps only the tokens its bitmask allows (only in a step where some row is
+guided), before greedy and random rows alike choose.
 
 Randomness: each request holds one base key from `request_key` (its ``seed``, or random bits), and
 `sample` folds the row's step into it on device. So a seed gives the same tokens on every run and
@@ -42,7 +44,7 @@ _KEY_IMPL = "threefry2x32"
 
 
 _ADJUST_FIELDS = ["presence", "frequency", "repetition", "bias_ids", "bias_values", "history", "output_from",
-                  "adjust"]
+                  "adjust", "allowed", "guided"]
 
 
 @functools.partial(
@@ -53,7 +55,8 @@ _ADJUST_FIELDS = ["presence", "frequency", "repetition", "bias_ids", "bias_value
 class SamplingBatch:
     """Per-row sampling parameters of a decode batch of ``B`` rows (padding rows: ``temperature`` 0).
 
-    `unadjusted` builds adjustment fields that change nothing; they are read only when ``adjust`` is set."""
+    `unadjusted` builds adjustment fields that change nothing; they are read only when ``adjust``
+    (penalties and bias) or ``guided`` (the token bitmask) is set."""
 
     temperature: jax.Array  # [B] float32; <= 0: greedy (argmax)
     top_k: jax.Array  # [B] int32; <= 0 or >= vocab: off
@@ -69,21 +72,24 @@ class SamplingBatch:
     history: jax.Array  # [B, H] int32: prompt then output ids; -1: padding
     output_from: jax.Array  # [B] int32: where the output starts in history
     adjust: jax.Array  # [] bool: whether any row's logits are adjusted
+    allowed: jax.Array  # [B, ceil(vocab / 32)] int32: bit t % 32 of word t // 32 set when token t may be chosen
+    guided: jax.Array  # [] bool: whether any row is under structured output
 
 
 BIAS_ENTRIES = MAX_LOGIT_BIAS + 64
 """Width ``K`` of the sparse bias: a request's ``logit_bias`` and the end ids ``min_tokens`` holds back."""
 
 
-def unadjusted(rows: int, history: int) -> dict[str, np.ndarray]:
+def unadjusted(rows: int, history: int, vocab: int) -> dict[str, np.ndarray]:
     """`SamplingBatch` adjustment fields for ``rows`` rows that leave the logits as they are, with
-    room for ``history`` prompt and output ids per row."""
+    room for ``history`` prompt and output ids per row and a bitmask over ``vocab`` tokens."""
     zeros = np.zeros(rows, np.float32)
     return {"presence": zeros, "frequency": zeros.copy(), "repetition": np.ones(rows, np.float32),
             "bias_ids": np.full((rows, BIAS_ENTRIES), -1, np.int32),
             "bias_values": np.zeros((rows, BIAS_ENTRIES), np.float32),
             "history": np.full((rows, history), -1, np.int32), "output_from": np.zeros(rows, np.int32),
-            "adjust": np.bool_(False)}
+            "adjust": np.bool_(False), "allowed": np.full((rows, (vocab + 31) // 32), -1, np.int32),
+            "guided": np.bool_(False)}
 
 
 def _adjust(logits: jax.Array, batch: SamplingBatch) -> jax.Array:
@@ -98,6 +104,13 @@ def _adjust(logits: jax.Array, batch: SamplingBatch) -> jax.Array:
     logits = logits - batch.frequency[:, None] * counts - batch.presence[:, None] * (counts > 0)
     bias_ids = jnp.where(batch.bias_ids >= 0, batch.bias_ids, vocab)
     return logits.at[rows, bias_ids].add(batch.bias_values, mode="drop")
+
+
+def _allow(logits: jax.Array, allowed: jax.Array) -> jax.Array:
+    """``logits [B, vocab]`` with ``-inf`` on every token the bitmask ``allowed`` leaves out."""
+    bits = (allowed[:, :, None] >> jnp.arange(32, dtype=jnp.int32)) & 1
+    keep = bits.reshape(logits.shape[0], -1)[:, : logits.shape[-1]].astype(jnp.bool_)
+    return jnp.where(keep, logits, -jnp.inf)
 
 
 @functools.partial(
@@ -207,6 +220,7 @@ def sample(
     """
     logits = logits.astype(jnp.float32)
     adjusted = lax.cond(batch.adjust, lambda: _adjust(logits, batch), lambda: logits)
+    adjusted = lax.cond(batch.guided, lambda: _allow(adjusted, batch.allowed), lambda: adjusted)
     greedy = lax.top_k(adjusted, 1)[1][:, 0]  # jnp.argmax, ties included, but 4x faster on XLA:CPU
     if all_greedy:
         tokens = greedy

@@ -9,12 +9,14 @@ from typing import Any
 import attrs
 
 from lamina_hookspecs.types import PrefixMatch, SamplingParams
+from lamina_jax.structured_output import Matcher
 
 
 @attrs.define(eq=False)
 class Sequence:
     """One request inside the engine; ``key`` is its sampling PRNG key, ``emit`` delivers its output,
-    ``salt`` isolates its prefix-cache entries (its tenant), ``match`` pins the cached prefix it reads.
+    ``salt`` isolates its prefix-cache entries (its tenant), ``match`` pins the cached prefix it reads,
+    ``matcher`` (under structured output) is the grammar state its output has reached.
 
     ``num_computed`` tokens of ``prompt_ids + output_ids`` have their K/V in ``blocks``. A
     decoding sequence has all but its last token computed; that token is the next input.
@@ -30,6 +32,7 @@ class Sequence:
     key: Any = None
     salt: bytes = b""
     match: PrefixMatch | None = None
+    matcher: Matcher | None = None
     cached_tokens: int = 0
     output_ids: list[int] = attrs.field(factory=list)
     blocks: list[int] = attrs.field(factory=list)
