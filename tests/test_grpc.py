@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import attrs
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -16,7 +17,7 @@ from lamina.plugins import load_plugins
 from lamina.remote import RemoteExecutor
 from lamina.server import grpc_service
 from lamina.server.grpc_service import InferenceService, start_grpc
-from lamina.server.openai_api import parse_completion
+from lamina.server.openai_api import parse_chat, parse_completion
 from lamina.server.proto.lamina.v1 import inference_pb2 as pb
 from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
 from lamina.server.queue_wait import MAX_QUEUE_WAIT_HEADER
@@ -369,6 +370,34 @@ def test_sampling_controls_cross_grpc_and_a_gateway_unchanged() -> None:
         parse_completion({**body, "min_tokens": 9}, "r2", "t")
     with pytest.raises(InvalidRequestError, match="logit_bias: keys must be token ids"):
         parse_completion({**body, "logit_bias": {"x": 1}}, "r3", "t")
+
+
+@pytest.mark.parametrize("field", [
+    {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}},
+    {"response_format": {"type": "json_object"}},
+    {"structured_outputs": {"regex": "[a-z]+"}},
+    {"guided_choice": ["yes", "no"]},
+    {"structured_outputs": {"grammar": 'root ::= "a"'}},
+])
+def test_structured_output_crosses_grpc_and_a_gateway(field: dict) -> None:
+    """The constraint reaches a gateway's worker as it was parsed (named there by its
+    ``structured_outputs`` key, whichever field the client used)."""
+    recording = Recording()
+    sampling = parse_chat({"model": "recording", "messages": [{"role": "user", "content": "hi"}], **field},
+                          "r0", "t").sampling
+
+    async def scenario(live: Live) -> None:
+        remote = RemoteExecutor("w", live.address, connect_timeout_s=5)
+        await remote.start()
+        try:
+            request = Request(id="r1", model="recording", prompt="hi", sampling=sampling)
+            assert [c.text async for c in remote.generate(request)] == ["ok"]
+        finally:
+            await remote.stop()
+        received = recording.requests[-1].sampling.structured
+        assert received == attrs.evolve(sampling.structured, param=f"structured_outputs.{received.kind}")
+
+    run({"executor": {"use": "recording"}}, scenario, ("recording", recording))
 
 
 def test_get_state_reports_the_executors_state() -> None:

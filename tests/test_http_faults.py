@@ -35,7 +35,7 @@ from lamina.testing.abandon import leave_mid_answer, wait_until_idle
 KEYS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
         "seed", "stop", "n", "stream", "stream_options", "logprobs", "top_logprobs", "user", "echo", "tools",
         "presence_penalty", "ignore_eos", "stop_token_ids", "logit_bias", "min_tokens", "repetition_penalty",
-        "min_p", "surprise"]
+        "min_p", "response_format", "structured_outputs", "guided_json", "guided_choice", "surprise"]
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20) | st.integers(0, 300)

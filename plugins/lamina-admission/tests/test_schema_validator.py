@@ -262,7 +262,9 @@ INVALID = [
     ("chat", {**CHAT, "tools": [{"type": "function"}]}, "tools", "must be []"),
     ("chat", {**CHAT, "tool_choice": "auto"}, "tool_choice", "must be none"),
     ("chat", {**CHAT, "parallel_tool_calls": 0}, "parallel_tool_calls", "must be a boolean or null"),
-    ("chat", {**CHAT, "response_format": {"type": "json_object"}}, "response_format", 'must be {"type":"text"}'),
+    ("chat", {**CHAT, "response_format": {"type": "json_schema"}}, "response_format.json_schema", "required"),
+    ("completion", {**COMPLETION, "structured_outputs": {"regex": ""}}, "structured_outputs.regex", "must not be empty"),
+    ("chat", {**CHAT, "guided_choice": []}, "guided_choice", "must have at least 1 item"),
     ("chat", {**CHAT, "logprobs": 1}, "logprobs", "must be a boolean or null"),
     ("chat", {**CHAT, "top_logprobs": 2}, "top_logprobs", "must be 0 unless logprobs is true"),
     ("chat", {**CHAT, "logprobs": False, "top_logprobs": 2}, "top_logprobs", "must be 0 unless logprobs is true"),
@@ -358,6 +360,13 @@ def test_rare_keywords_are_worded_too() -> None:
 
 # -- agreement with the parser and with the reference implementation ---------------------------
 
+def _loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def _quirk(endpoint: str, body: Any) -> str | None:
     """The intentional differences from ``openai_api``'s parser, or ``None`` if ``body`` has none.
 
@@ -368,6 +377,9 @@ def _quirk(endpoint: str, body: Any) -> str | None:
       apart from ``1`` and each field to its own value, so the schema refuses them.
     * ``min_tokens`` above ``max_tokens`` (one field bounded by another) the parser refuses;
       draft-07 cannot say it.
+    * A JSON Schema given as text (``guided_json``, ``structured_outputs.json``) must parse to an
+      object, and a request takes one structured-output constraint: the parser checks both, the
+      schema cannot.
     """
     if not isinstance(body, dict):
         return None
@@ -385,6 +397,18 @@ def _quirk(endpoint: str, body: Any) -> str | None:
         return "integral float"
     if any(body.get(k) is True for k in ("n", "best_of")):
         return "bool equals number"
+    given = body.get("structured_outputs")
+    given = given if isinstance(given, dict) else {}
+    json_texts = [v for v in (body.get("guided_json"), given.get("json")) if isinstance(v, str)]
+    if any(not isinstance(_loads(text), dict) for text in json_texts):
+        return "JSON Schema text that is no object"
+    response_format = body.get("response_format")
+    constraints = sum(1 for v in [*given.values(), *(body.get(f"guided_{k}") for k in ("json", "regex", "choice",
+                                                                                       "grammar"))]
+                      if v is not None and v is not False)
+    constraints += isinstance(response_format, dict) and response_format.get("type") in ("json_object", "json_schema")
+    if constraints > 1:
+        return "more than one structured output constraint"
     limit = body.get("max_completion_tokens") if endpoint == "chat" else None
     limit = body.get("max_tokens") if limit is None else limit
     if isinstance(limit, int) and isinstance(body.get("min_tokens"), int) and body["min_tokens"] > limit:
@@ -469,7 +493,14 @@ _VALID = {
     "min_tokens": st.none() | st.integers(0, 1),
     "logit_bias": st.none() | st.dictionaries(st.integers(0, 10**9 - 1).map(str), st.floats(-100, 100), max_size=3),
     "tools": _one([]), "tool_choice": _one("none"), "parallel_tool_calls": st.none() | st.booleans(),
-    "response_format": _one({"type": "text"}),
+    "response_format": st.none() | st.sampled_from([
+        {"type": "text"}, {"type": "json_object"},
+        {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}, "strict": True}}]),
+    "structured_outputs": st.none() | st.sampled_from([{}, {"regex": "a+"}, {"choice": ["a", "b"]}, {"json_object": False},
+                                                       {"json": {"type": "object"}}, {"grammar": None}]),
+    "guided_json": st.none() | st.sampled_from([{"type": "string"}, '{"type": "integer"}']),
+    "guided_regex": st.none() | _NONEMPTY, "guided_choice": st.none() | st.lists(_NONEMPTY, min_size=1, max_size=2),
+    "guided_grammar": st.none() | _NONEMPTY,
     "stream": st.none() | st.booleans(), "ignore_eos": st.none() | st.booleans(),
     "stream_options": st.none() | st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}),
     "user": st.none() | _TEXT, "stop_token_ids": st.none() | st.lists(st.integers(-5, 2**31), max_size=3),
@@ -501,7 +532,12 @@ _BREAK = {
                                    {"²": 1}, {"1234567890": 1}]),
     "tools": st.sampled_from([[], [{}], "none", None, False]),
     "tool_choice": st.sampled_from(["none", "auto", None, []]),
-    "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}, None, "text"]),
+    "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}, None, "text", {"type": "json_schema"},
+                                        {"type": "json_schema", "json_schema": {"schema": True}}, {"type": "other"}]),
+    "structured_outputs": st.sampled_from([{"regex": ""}, {"foo": 1}, {"choice": []}, {"choice": [""]}, {"json": 1},
+                                           {"json": "[1]"}, {"json": "{"}, {"json_object": 1}, "x", []]),
+    "guided_json": st.sampled_from(["", "[]", "{}", 3, [], {}]),
+    "guided_choice": st.sampled_from([[], [""], "a", [1]]),
 }
 
 

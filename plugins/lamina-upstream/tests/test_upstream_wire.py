@@ -10,7 +10,7 @@ import pytest
 from lamina_hookspecs.errors import (
     BackendLostError, ConfigError, InternalError, InvalidRequestError, RateLimitError, ServiceUnavailableError,
 )
-from lamina_hookspecs.types import ChatMessage, Request, SamplingParams
+from lamina_hookspecs.types import ChatMessage, Request, SamplingParams, StructuredOutput
 
 from lamina_upstream.executor import _http_error
 from lamina_upstream.options import UpstreamOptions
@@ -78,6 +78,30 @@ def test_sampling_controls_reach_each_engine_under_its_own_names() -> None:
     _, plain = upstream_call(Request(id="r", model="m", prompt="x"), "m", "vllm")
     assert not {"presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_p",
                 "min_tokens"} & set(plain)
+
+
+def test_structured_output_reaches_each_engine_under_its_own_names() -> None:
+    def body(structured: StructuredOutput, engine: str) -> dict:
+        request = Request(id="r", model="m", messages=[ChatMessage(role="user", content="x")],
+                          sampling=SamplingParams(structured=structured))
+        return upstream_call(request, "m", engine)[1]
+
+    schema = StructuredOutput(kind="json", spec='{"type": "object"}', param="response_format")
+    choice = StructuredOutput(kind="choice", choices=("a", "b"), param="guided_choice")
+    gbnf = StructuredOutput(kind="grammar", spec='root ::= "a"')
+    lark = StructuredOutput(kind="grammar", spec='start: "a"')
+    for engine in ("vllm", "lamina"):
+        assert body(schema, engine)["structured_outputs"] == {"json": {"type": "object"}}
+        assert body(choice, engine)["structured_outputs"] == {"choice": ["a", "b"]}
+        assert body(StructuredOutput(kind="json_object"), engine)["structured_outputs"] == {"json_object": True}
+        assert body(lark, engine)["structured_outputs"] == {"grammar": 'start: "a"'}
+    assert body(schema, "llama-server")["json_schema"] == {"type": "object"}
+    assert body(StructuredOutput(kind="json_object"), "llama-server")["json_schema"] == {"type": "object"}
+    assert body(gbnf, "llama-server")["grammar"] == 'root ::= "a"'
+    for unsupported in (choice, lark, StructuredOutput(kind="regex", spec="a+", param="guided_regex")):
+        with pytest.raises(InvalidRequestError) as refused:
+            body(unsupported, "llama-server")
+        assert refused.value.param == unsupported.param
 
 
 def _llama_entry(token_id: int, text: str, logprob: float) -> dict[str, object]:

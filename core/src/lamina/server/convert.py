@@ -58,6 +58,14 @@ def to_proto_request(request: Request) -> pb.GenerateRequest:
         sampling.max_tokens = s.max_tokens
     if s.seed is not None:
         sampling.seed = s.seed
+    if s.structured is not None:
+        kind, structured = s.structured.kind, sampling.structured_outputs
+        if kind == "choice":
+            structured.choice.choices.extend(s.structured.choices)
+        elif kind == "json_object":
+            structured.json_object = True
+        else:
+            setattr(structured, kind, s.structured.spec)
     message = pb.GenerateRequest(request_id=request.id, model=request.model, sampling=sampling,
                                  user=request.user or "")
     if request.messages is not None:

@@ -86,6 +86,10 @@ def openai_body(request: pb.GenerateRequest) -> tuple[str, dict[str, Any]]:
                                                          "repetition_penalty") if sampling.HasField(key)})
     if sampling.stop:
         body["stop"] = list(sampling.stop)
+    kind = sampling.structured_outputs.WhichOneof("constraint")
+    if kind is not None:
+        value = getattr(sampling.structured_outputs, kind)
+        body["structured_outputs"] = {kind: list(value.choices) if kind == "choice" else value}
     if request.user:
         body["user"] = request.user
     prompt = request.WhichOneof("prompt")

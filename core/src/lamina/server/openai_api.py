@@ -161,7 +161,8 @@ def _response_format(value: Any) -> StructuredOutput | None:
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, Mapping) or not isinstance(spec.get("schema"), Mapping):
-            raise _fail("response_format.json_schema.schema", "required: the JSON schema the reply must match")
+            raise _fail("response_format.json_schema", "required: an object whose schema is the JSON Schema the "
+                                                       "reply must match")
         return StructuredOutput(kind="json", spec=json.dumps(spec["schema"]), param="response_format")
     raise _fail("response_format", "must be an object whose type is text, json_object or json_schema")
 

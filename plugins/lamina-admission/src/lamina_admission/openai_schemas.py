@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lamina_hookspecs.types import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES
+from lamina_hookspecs.types import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES, STRUCTURED_KINDS
 
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
 MAX_COMPLETION_LOGPROBS = 5
@@ -44,6 +44,30 @@ def _max_tokens(max_tokens_limit: int | None) -> dict[str, Any]:
     if max_tokens_limit is not None:
         schema["maximum"] = max_tokens_limit
     return schema
+
+
+def _structured() -> dict[str, Any]:
+    """The structured-output fields (``_structured`` in ``openai_api.py``). The schema cannot say that
+    a JSON Schema given as text must parse to an object, nor that at most one constraint is given."""
+    constraint = {
+        "json": {**_nullable("object", "string"), "description": "a JSON Schema, or its JSON text"},
+        "json_object": _nullable("boolean"),
+        "regex": {**_nullable("string"), "minLength": 1},
+        "choice": {**_nullable("array"), "minItems": 1, "items": {"type": "string", "minLength": 1}},
+        "grammar": {**_nullable("string"), "minLength": 1, "description": "Lark with a start rule, or GBNF"},
+    }
+    json_schema = {"type": "object", "required": ["schema"], "properties": {"schema": {"type": "object"}}}
+    return {
+        "response_format": {
+            **_nullable("object"), "required": ["type"],
+            "properties": {"type": {"enum": ["text", "json_object", "json_schema"]}},
+            "if": {"properties": {"type": {"const": "json_schema"}}},
+            "then": {"required": ["json_schema"], "properties": {"json_schema": json_schema}},
+        },
+        "structured_outputs": {**_nullable("object"), "propertyNames": {"enum": list(STRUCTURED_KINDS)},
+                               "properties": constraint},
+        **{f"guided_{kind}": constraint[kind] for kind in ("json", "regex", "choice", "grammar")},
+    }
 
 
 def _common(max_tokens_limit: int | None) -> dict[str, Any]:
@@ -76,6 +100,7 @@ def _common(max_tokens_limit: int | None) -> dict[str, Any]:
         "min_tokens": {**_nullable("integer"), "minimum": 0},
         "ignore_eos": _nullable("boolean"),
         "stop_token_ids": {**_nullable("array"), "items": {"type": "integer"}},
+        **_structured(),
     }
 
 
@@ -113,7 +138,6 @@ def chat_schema(*, max_messages: int = 1024, max_prompt_chars: int = 1_000_000,
         "parallel_tool_calls": _nullable("boolean"),
         "tools": _only([], "tools are not supported"),
         "tool_choice": _only("none", "tools are not supported"),
-        "response_format": _only({"type": "text"}, "structured output is not supported"),
     }
     # top_logprobs > 0 needs logprobs = true.
     logprobs_off = {"not": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}

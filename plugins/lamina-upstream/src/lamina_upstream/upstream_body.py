@@ -16,14 +16,20 @@ llama-server's sampler defaults differ from OpenAI's (``top_k`` 40, ``min_p`` 0.
 gets both explicitly, ``0`` meaning off as in Lamina. Its repetition penalty is ``repeat_penalty``
 over the last ``repeat_last_n`` tokens, sent as the whole context (``-1``) as vLLM's is; it has no
 ``min_tokens`` or ``stop_token_ids``, so a request using either gets a 400 naming the field.
+
+Structured output goes to Lamina and vLLM as ``structured_outputs``; llama-server takes a JSON
+Schema as ``json_schema`` and a GBNF grammar as ``grammar``, and has no regex, choice or Lark
+constraint (a 400 naming the field).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from lamina_hookspecs.errors import InvalidRequestError
-from lamina_hookspecs.types import Request
+from lamina_hookspecs.types import Request, StructuredOutput
 from lamina_upstream.options import Engine
 
 CHAT_PATH = "/v1/chat/completions"
@@ -75,6 +81,8 @@ def upstream_call(request: Request, model: str, engine: Engine) -> tuple[str, di
             body["repetition_penalty"] = sampling.repetition_penalty
     if sampling.min_p and engine != "llama-server":
         body["min_p"] = sampling.min_p
+    if sampling.structured is not None:
+        body.update(_structured(sampling.structured, engine))
     top = sampling.top_logprobs if sampling.logprobs else None
     if engine == "llama-server":
         greedy_ids_only = top is None and sampling.temperature == 0
@@ -92,3 +100,24 @@ def upstream_call(request: Request, model: str, engine: Engine) -> tuple[str, di
         else:
             body["logprobs"] = top
     return path, body
+
+
+def _structured(structured: StructuredOutput, engine: Engine) -> dict[str, Any]:
+    """The body fields that ask ``engine`` for ``structured``."""
+    kind = structured.kind
+    if engine != "llama-server":
+        value = {"json": lambda: json.loads(structured.spec), "json_object": lambda: True,
+                 "choice": lambda: list(structured.choices)}.get(kind, lambda: structured.spec)()
+        return {"structured_outputs": {kind: value}}
+    if kind in ("json", "json_object"):
+        return {"json_schema": json.loads(structured.spec) if kind == "json" else {"type": "object"}}
+    if kind == "grammar" and not _is_lark(structured.spec):
+        return {"grammar": structured.spec}
+    what = "a Lark grammar" if kind == "grammar" else f"a {kind} constraint"
+    raise InvalidRequestError(f"{structured.param}: {what} is not supported by this model's upstream (llama-server, "
+                              "which takes JSON Schemas and GBNF grammars)", param=structured.param)
+
+
+def _is_lark(grammar: str) -> bool:
+    """Whether ``grammar`` is Lark (it has a ``start:`` rule) rather than GBNF, as llguidance tells them apart."""
+    return re.search(r"(?m)^\s*(%llguidance\b|start\s*:)", grammar) is not None
