@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import enum
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import openai
+import pydantic
 import pytest
 from lamina.testing.abandon import leave_mid_answer, wait_until_idle
 
@@ -40,7 +43,48 @@ def test_openai_client_gets_the_reference_greedy_tokens_and_clients_that_leave_f
                                        extra_body={"repetition_penalty": 1.1, "min_p": 0.05})
     assert paris not in [t for e in banned if e.choices for t in (e.choices[0].model_extra or {}).get("token_ids", [])]
 
+    structured_outputs_through_the_client(client)
     clients_leave_mid_answer(server)
+
+
+class Kind(enum.Enum):
+    capital = "capital"
+    port = "port"
+    other = "other"
+
+
+class City(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=30)
+    kind: Kind
+    rivers: list[str] = pydantic.Field(max_length=2)
+
+
+class Cities(pydantic.BaseModel):
+    country: str = pydantic.Field(max_length=30)
+    cities: list[City] = pydantic.Field(min_length=1, max_length=3)
+
+
+def structured_outputs_through_the_client(client: openai.OpenAI) -> None:
+    """The official client's ``parse`` and ``stream`` helpers get their Pydantic model (nested objects,
+    an enum, arrays) from the real model; a regex and a choice hold; a bad schema is a 400 naming it."""
+    model, messages = "smollm2-135m-instruct", [{"role": "user", "content": "List two cities of France as JSON."}]
+    for temperature in (0.0, 0.8):
+        parsed = client.chat.completions.parse(model=model, messages=messages, response_format=Cities,
+                                               temperature=temperature, seed=3, max_tokens=300)
+        assert isinstance(parsed.choices[0].message.parsed, Cities), parsed.choices[0].message.content
+    with client.chat.completions.stream(model=model, messages=messages, response_format=Cities, temperature=0,
+                                        max_tokens=300) as stream:
+        assert isinstance(stream.get_final_completion().choices[0].message.parsed, Cities)
+    phone = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "A phone number?"}],
+                                           temperature=0.8, seed=5, extra_body={"guided_regex": r"0[1-9]( [0-9]{2}){4}"})
+    assert re.fullmatch(r"0[1-9]( [0-9]{2}){4}", phone.choices[0].message.content)
+    choice = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Is Paris in France?"}],
+                                            temperature=0, extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    assert choice.choices[0].message.content in ("yes", "no") and choice.choices[0].finish_reason == "stop"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=model, messages=messages, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no such type"}}})
+    assert refused.value.body["param"] == "response_format"
 
 
 def clients_leave_mid_answer(server: Any) -> None:
