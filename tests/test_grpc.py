@@ -25,7 +25,7 @@ from lamina.stack import Stack
 from lamina.stack_config import StackConfig
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import InvalidRequestError
-from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
+from lamina_hookspecs.types import BackendState, ModelInfo, Request, SamplingParams, TokenChunk
 
 ECHO = {"executor": {"use": "echo", "context_length": 64}}
 SLOW = {"executor": {"use": "echo", "context_length": 64, "token_delay_s": 0.05}}
@@ -344,14 +344,9 @@ def test_the_clients_queue_wait_bound_reaches_the_executor_and_a_gateways_worker
     run({"executor": {"use": "recording"}}, scenario, ("recording", recording))
 
 
-def test_sampling_controls_cross_grpc_and_a_gateway_unchanged() -> None:
-    """Penalties, logit_bias, min_p and min_tokens parsed from an OpenAI body reach the executor the
-    same whether the request came over gRPC directly or through a gateway's remote backend."""
+def through_a_gateway(sampling: SamplingParams) -> SamplingParams:
+    """The sampling parameters a worker's executor receives for a request a gateway sends it with ``sampling``."""
     recording = Recording()
-    body = {"model": "recording", "prompt": "hi", "max_tokens": 8, "presence_penalty": 0.5,
-            "frequency_penalty": -1, "repetition_penalty": 1.2, "logit_bias": {"5": -100, "9": 3.5},
-            "min_p": 0.05, "min_tokens": 2}
-    sampling = parse_completion(body, "r0", "t").sampling
 
     async def scenario(live: Live) -> None:
         remote = RemoteExecutor("w", live.address, connect_timeout_s=5)
@@ -361,11 +356,21 @@ def test_sampling_controls_cross_grpc_and_a_gateway_unchanged() -> None:
             assert [c.text async for c in remote.generate(request)] == ["ok"]
         finally:
             await remote.stop()
-        assert recording.requests[-1].sampling == sampling
 
+    run({"executor": {"use": "recording"}}, scenario, ("recording", recording))
+    return recording.requests[-1].sampling
+
+
+def test_sampling_controls_cross_grpc_and_a_gateway_unchanged() -> None:
+    """Penalties, logit_bias, min_p and min_tokens parsed from an OpenAI body reach the executor the
+    same whether the request came over gRPC directly or through a gateway's remote backend."""
+    body = {"model": "recording", "prompt": "hi", "max_tokens": 8, "presence_penalty": 0.5,
+            "frequency_penalty": -1, "repetition_penalty": 1.2, "logit_bias": {"5": -100, "9": 3.5},
+            "min_p": 0.05, "min_tokens": 2}
+    sampling = parse_completion(body, "r0", "t").sampling
     assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty, sampling.logit_bias,
             sampling.min_p, sampling.min_tokens) == (0.5, -1.0, 1.2, ((5, -100.0), (9, 3.5)), 0.05, 2)
-    run({"executor": {"use": "recording"}}, scenario, ("recording", recording))
+    assert through_a_gateway(sampling) == sampling
     with pytest.raises(InvalidRequestError, match="min_tokens: must be at most max_tokens"):
         parse_completion({**body, "min_tokens": 9}, "r2", "t")
     with pytest.raises(InvalidRequestError, match="logit_bias: keys must be token ids"):
@@ -382,22 +387,10 @@ def test_sampling_controls_cross_grpc_and_a_gateway_unchanged() -> None:
 def test_structured_output_crosses_grpc_and_a_gateway(field: dict) -> None:
     """The constraint reaches a gateway's worker as it was parsed (named there by its
     ``structured_outputs`` key, whichever field the client used)."""
-    recording = Recording()
     sampling = parse_chat({"model": "recording", "messages": [{"role": "user", "content": "hi"}], **field},
                           "r0", "t").sampling
-
-    async def scenario(live: Live) -> None:
-        remote = RemoteExecutor("w", live.address, connect_timeout_s=5)
-        await remote.start()
-        try:
-            request = Request(id="r1", model="recording", prompt="hi", sampling=sampling)
-            assert [c.text async for c in remote.generate(request)] == ["ok"]
-        finally:
-            await remote.stop()
-        received = recording.requests[-1].sampling.structured
-        assert received == attrs.evolve(sampling.structured, param=f"structured_outputs.{received.kind}")
-
-    run({"executor": {"use": "recording"}}, scenario, ("recording", recording))
+    received = through_a_gateway(sampling).structured
+    assert received == attrs.evolve(sampling.structured, param=f"structured_outputs.{received.kind}")
 
 
 def test_get_state_reports_the_executors_state() -> None:
