@@ -1,9 +1,9 @@
 """The ``jax`` executor: the Executor protocol over the engine thread.
 
 ``generate`` tokenizes on the event loop (the chat template for messages), compiles a structured
-output's grammar (`structured_output`), checks the request against the context window, the KV pool and the queue's bounds (its length, and with a
-``max_queue_wait_s``, the option's or the tighter one the request carries, the wait the queue
-ahead already means), and returns an async
+output's grammar (`structured_output`), checks the request against the context window, the KV
+pool and the queue's bounds (its length, and with a ``max_queue_wait_s``, the option's or the
+tighter one the request carries, the wait the queue ahead already means), and returns an async
 iterator fed by the engine thread through an ``asyncio.Queue``. Closing it early aborts the
 request in the engine, which frees its KV blocks at the next step boundary.
 """

@@ -2,8 +2,9 @@
 
 One :class:`_Output` per sequence holds its incremental detokenizer and stop-string filter. The
 engine hands every sampled row to :meth:`OutputProcessor.accept`, which appends the token, decides
-whether the sequence is finished (EOS, a stop token or string, structured output complete,
-``max_tokens``, the context window) and emits a :class:`~lamina_hookspecs.types.TokenChunk` through the sequence's ``emit``.
+whether the sequence is finished (EOS, a stop token or string, its structured output complete,
+``max_tokens``, the context window) and emits a :class:`~lamina_hookspecs.types.TokenChunk`
+through the sequence's ``emit``.
 """
 
 from __future__ import annotations
