@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import openai
 import pydantic
 import pytest
@@ -44,6 +45,7 @@ def test_openai_client_gets_the_reference_greedy_tokens_and_clients_that_leave_f
     assert paris not in [t for e in banned if e.choices for t in (e.choices[0].model_extra or {}).get("token_ids", [])]
 
     structured_outputs_through_the_client(client)
+    tool_calls_through_the_client(client)
     clients_leave_mid_answer(server)
 
 
@@ -85,6 +87,39 @@ def structured_outputs_through_the_client(client: openai.OpenAI) -> None:
         client.chat.completions.create(model=model, messages=messages, response_format={
             "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no such type"}}})
     assert refused.value.body["param"] == "response_format"
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "required": ["city", "unit"], "properties": {
+        "city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The local time in a city.",
+    "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string", "maxLength": 40}}}}}
+
+
+def tool_calls_through_the_client(client: openai.OpenAI) -> None:
+    """With ``tool_choice`` ``required`` or a named function, the real model's reply is calls of the
+    offered tools whose arguments hold against the tool's schema, streamed or not."""
+    model, messages = "smollm2-135m-instruct", [{"role": "user", "content": "What is the weather in Paris?"}]
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+
+    def valid_calls(choice: Any, names: set[str]) -> None:
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+        for call in choice.message.tool_calls:
+            assert call.function.name in names and call.id.startswith("call_")
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+
+    for temperature in (0.0, 0.8):
+        reply = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER, TIME], seed=2,
+                                               tool_choice="required", temperature=temperature, max_tokens=150)
+        valid_calls(reply.choices[0], {"get_weather", "get_time"})
+    named = client.chat.completions.create(model=model, messages=messages, tools=[WEATHER, TIME], temperature=0,
+                                           tool_choice={"type": "function", "function": {"name": "get_time"}})
+    valid_calls(named.choices[0], {"get_time"})
+    with client.chat.completions.stream(model=model, messages=messages, tools=[WEATHER, TIME], temperature=0,
+                                        tool_choice="required", max_tokens=150) as stream:
+        valid_calls(stream.get_final_completion().choices[0], {"get_weather", "get_time"})
 
 
 def clients_leave_mid_answer(server: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -13,9 +14,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from lamina import tool_calls
 from lamina.plugins import load_plugins
 from lamina.remote import RemoteExecutor
-from lamina.server import grpc_service
+from lamina.server import convert, grpc_service
 from lamina.server.grpc_service import InferenceService, start_grpc
 from lamina.server.openai_api import parse_chat, parse_completion
 from lamina.server.proto.lamina.v1 import inference_pb2 as pb
@@ -25,7 +27,7 @@ from lamina.stack import Stack
 from lamina.stack_config import StackConfig
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import InvalidRequestError
-from lamina_hookspecs.types import BackendState, ModelInfo, Request, SamplingParams, TokenChunk
+from lamina_hookspecs.types import BackendState, ModelInfo, Request, SamplingParams, TokenChunk, ToolCallDelta
 
 ECHO = {"executor": {"use": "echo", "context_length": 64}}
 SLOW = {"executor": {"use": "echo", "context_length": 64, "token_delay_s": 0.05}}
@@ -131,6 +133,12 @@ BAD = [
     (text("w " * 60, max_tokens=10), grpc.StatusCode.INVALID_ARGUMENT, "context length"),
     (pb.GenerateRequest(request_id="bad id\n", model="echo", text="hi"), grpc.StatusCode.INVALID_ARGUMENT,
      "request_id"),
+    (pb.GenerateRequest(model="echo", chat=pb.Chat(messages=[pb.ChatMessage(role="user", content="x")],
+                                                   tools=[pb.Tool(name="f", parameters="{")])),
+     grpc.StatusCode.INVALID_ARGUMENT, "tools[0].parameters"),
+    (pb.GenerateRequest(model="echo", chat=pb.Chat(messages=[pb.ChatMessage(role="user", content="x")],
+                                                   tools=[pb.Tool(name="f")], tool_function="g")),
+     grpc.StatusCode.INVALID_ARGUMENT, "tool_choice"),
 ]
 
 
@@ -344,21 +352,22 @@ def test_the_clients_queue_wait_bound_reaches_the_executor_and_a_gateways_worker
     run({"executor": {"use": "recording"}}, scenario, ("recording", recording))
 
 
-def through_a_gateway(sampling: SamplingParams) -> SamplingParams:
-    """The sampling parameters a worker's executor receives for a request a gateway sends it with ``sampling``."""
+def through_a_gateway(sampling: SamplingParams, request: Request | None = None) -> Request:
+    """The request a worker's executor receives for one a gateway sends it (``request``, by default a
+    prompt) with ``sampling``."""
     recording = Recording()
 
     async def scenario(live: Live) -> None:
         remote = RemoteExecutor("w", live.address, connect_timeout_s=5)
         await remote.start()
         try:
-            request = Request(id="r1", model="recording", prompt="hi", sampling=sampling)
-            assert [c.text async for c in remote.generate(request)] == ["ok"]
+            sent = attrs.evolve(request or Request(id="r1", model="recording", prompt="hi"), sampling=sampling)
+            assert [c.text async for c in remote.generate(sent)] == ["ok"]
         finally:
             await remote.stop()
 
     run({"executor": {"use": "recording"}}, scenario, ("recording", recording))
-    return recording.requests[-1].sampling
+    return recording.requests[-1]
 
 
 def test_sampling_controls_cross_grpc_and_a_gateway_unchanged() -> None:
@@ -370,7 +379,7 @@ def test_sampling_controls_cross_grpc_and_a_gateway_unchanged() -> None:
     sampling = parse_completion(body, "r0", "t").sampling
     assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.repetition_penalty, sampling.logit_bias,
             sampling.min_p, sampling.min_tokens) == (0.5, -1.0, 1.2, ((5, -100.0), (9, 3.5)), 0.05, 2)
-    assert through_a_gateway(sampling) == sampling
+    assert through_a_gateway(sampling).sampling == sampling
     with pytest.raises(InvalidRequestError, match="min_tokens: must be at most max_tokens"):
         parse_completion({**body, "min_tokens": 9}, "r2", "t")
     with pytest.raises(InvalidRequestError, match="logit_bias: keys must be token ids"):
@@ -389,8 +398,52 @@ def test_structured_output_crosses_grpc_and_a_gateway(field: dict) -> None:
     ``structured_outputs`` key, whichever field the client used)."""
     sampling = parse_chat({"model": "recording", "messages": [{"role": "user", "content": "hi"}], **field},
                           "r0", "t").sampling
-    received = through_a_gateway(sampling).structured
+    received = through_a_gateway(sampling).sampling.structured
     assert received == attrs.evolve(sampling.structured, param=f"structured_outputs.{received.kind}")
+
+
+def test_a_chat_with_tools_reaches_a_gateways_worker_as_text_and_a_grammar() -> None:
+    """The gateway reads the calls itself: its worker gets the parser's instructions and the earlier
+    calls as text, each tool turn with the call it answers, and a required call as its grammar."""
+    plugins = load_plugins()
+    parser = Stack(StackConfig.from_dict({"executor": {"use": "echo"}}, plugins.registry), plugins).tool_parser
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    body = {"model": "recording", "tools": [weather], "tool_choice": "required", "messages": [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]}
+    request = tool_calls.prepare(parser, parse_chat(body, "r1", "t"))
+    received = through_a_gateway(request.sampling, request)
+    assert received.sampling.structured == attrs.evolve(request.sampling.structured, param="structured_outputs.grammar")
+    assert [(m.role, m.content, m.tool_call_id) for m in received.messages] == [
+        ("system", parser.instructions(request.tools), None), ("user", "Weather?", None),
+        ("assistant", parser.render(request.messages[1].tool_calls), None), ("tool", "sunny", "c1")]
+
+
+def test_tool_calls_come_as_typed_fragments() -> None:
+    """A chat with tools over gRPC: the echo executor answers with the call its message writes, which
+    comes as tool_calls, not text; a history with calls and their results is taken."""
+    call = '<tool_call> {"name": "get_weather", "arguments": {"city": "Paris"}} </tool_call>'
+    chat = pb.Chat(tools=[pb.Tool(name="get_weather", parameters='{"type": "object"}')], messages=[
+        pb.ChatMessage(role="user", content="Weather?"),
+        pb.ChatMessage(role="assistant", tool_calls=[pb.ToolCall(id="c1", name="get_weather", arguments="{}")]),
+        pb.ChatMessage(role="tool", content="sunny", tool_call_id="c1"), pb.ChatMessage(role="user", content=call)])
+
+    async def scenario(live: Live) -> None:
+        chunks = [c async for c in live.stub.Generate(pb.GenerateRequest(model="echo", chat=chat))]
+        deltas = [d for c in chunks for d in c.tool_calls]
+        assert [(d.index, d.name, json.loads(d.arguments)) for d in deltas] == [(0, "get_weather", {"city": "Paris"})]
+        assert deltas[0].id.startswith("call_") and not "".join(c.text for c in chunks).strip()
+        assert chunks[-1].finish_reason == "tool_calls"
+        (carrying,) = [convert.from_proto(c) for c in chunks if c.tool_calls]
+        assert carrying.tool_calls == (ToolCallDelta(index=0, id=deltas[0].id, name="get_weather",
+                                                     arguments=deltas[0].arguments),)
+        none = pb.Chat(messages=chat.messages, tools=chat.tools, tool_mode="none")
+        text = "".join([c.text async for c in live.stub.Generate(pb.GenerateRequest(model="echo", chat=none))])
+        assert text == call
+
+    run({"executor": {"use": "echo"}}, scenario)
 
 
 def test_get_state_reports_the_executors_state() -> None:

@@ -150,6 +150,10 @@ class EveryLayer:
     def lamina_register_prewarm_policies(self, register: Any) -> None:
         register("w", lambda o, c: None)
 
+    @hookimpl
+    def lamina_register_tool_parsers(self, register: Any) -> None:
+        register("t", lambda o, c: None)
+
 
 class BreakerNamedLikeALimiter:
     @hookimpl
@@ -162,7 +166,7 @@ def test_every_registration_hook_is_collected() -> None:
     assert info.registered == {
         "router": ["r"], "codec": ["c"], "executor": ["e"], "prefix_cache": ["p"], "autoscaler": ["a"],
         "rate_limiter": ["shared"], "authenticator": ["au"], "validator": ["v"], "breaker": ["k"], "batching": ["b"],
-        "prewarm": ["w"],
+        "prewarm": ["w"], "tool_parser": ["t"],
     }
     assert info.error is None
 

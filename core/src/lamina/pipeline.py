@@ -1,10 +1,11 @@
 """One request's way through a built stack: received → admitted → routed → tokens → finished.
 
 Transports (HTTP, gRPC, in-process tests) call :func:`run_request` and encode what it
-yields. Closing the returned iterator early (client gone) aborts the executor stream,
-which frees the request's KV slots, and reports ``finish_reason="abort"``. A backend lost
-before it sent anything (``BackendLostError``: a worker died or cannot be reached) is left
-out and the request routed again, while other backends remain.
+yields; a chat with tools goes through the stack's tool parser (:mod:`lamina.tool_calls`).
+Closing the returned iterator early (client gone) aborts the executor stream, which frees
+the request's KV slots, and reports ``finish_reason="abort"``. A backend lost before it sent
+anything (``BackendLostError``: a worker died or cannot be reached) is left out and the
+request routed again, while other backends remain.
 
 Every log line emitted while a request runs carries its ``request_id``, ``tenant``, ``arm``
 and ``backend``: they are bound as structlog context variables as they become known (the
@@ -21,6 +22,7 @@ import structlog
 
 from lamina_hookspecs.errors import BackendLostError, InternalError, LaminaError
 from lamina_hookspecs.types import FinishReason, Request, RequestContext, TokenChunk
+from lamina import tool_calls
 from lamina.ab import arm_label
 from lamina.lifecycle import notify, wrap_request
 from lamina.stack import Stack
@@ -46,7 +48,8 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
         try:
             pm.hook.lamina_admit(ctx=ctx, body=body)
             structlog.contextvars.bind_contextvars(tenant=ctx.tenant, arm=arm_label(ctx.arms))
-            ctx.request = request = stack.apply_fallback(ctx, stack.apply_route_tree(ctx, parse(body)))
+            request = stack.apply_fallback(ctx, stack.apply_route_tree(ctx, parse(body)))
+            ctx.request = request = tool_calls.prepare(stack.tool_parser, request)
             stack.serving(request.model)
             await notify(pm, "lamina_request_admitted", ctx=ctx)
             lost: set[str] = set()
@@ -58,9 +61,11 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
                 stack.admission.started(backend.name, time.monotonic())
                 await notify(pm, "lamina_request_routed", ctx=ctx)
                 stream = stack.backends[backend.name].generate(request)
+                calls = tool_calls.reader(stack.tool_parser, request)
+                chunks = stream if calls is None else tool_calls.read_calls(stream, calls)
                 sent = False
                 try:
-                    async for chunk in stream:
+                    async for chunk in chunks:
                         if ctx.first_token_at is None and chunk.token_ids:
                             ctx.first_token_at = time.monotonic()
                             await notify(pm, "lamina_request_first_token", ctx=ctx)
@@ -76,6 +81,8 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
                     stack.admission.record(backend.name, False, time.monotonic())
                     lost.add(backend.name)
                 finally:
+                    if chunks is not stream:
+                        await chunks.aclose()  # type: ignore[attr-defined]
                     await stream.aclose()
         except LaminaError as exc:
             error = exc

@@ -18,7 +18,7 @@ import structlog
 
 from lamina_hookspecs import hookimpl, layers
 from lamina_hookspecs.errors import ConfigError, NoBackendError, NotFoundError
-from lamina_hookspecs.protocols import Codec, Executor
+from lamina_hookspecs.protocols import Codec, Executor, ToolParser
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, Request, RequestContext, StackInfo
 from lamina.ab import ArmPicker
@@ -124,6 +124,8 @@ class Stack:
         self.route_leaves = {leaf.name: leaf for leaf in self.route_tree.leaves()} if self.route_tree else {}
         self.codecs = _build_arms("codec", config.layers["codec"], name)
         self.autoscaler = _build_arms("autoscaler", config.layers["autoscaler"], name).instances[""]
+        self.tool_parser: ToolParser | None = _build_arms("tool_parser", config.layers["tool_parser"],
+                                                          name).instances.get("")
         self.backends: dict[str, Executor] = (self._remote_backends(config) if config.remote else {
             (arm or "local"): executor for arm, executor in self.executors.instances.items()
         })

@@ -33,10 +33,13 @@ DEFAULTS: dict[str, str] = {
     "autoscaler": "static",
 }
 """The implementation a required layer gets when the stack file has no section for it."""
+INSTALLED_DEFAULTS: dict[str, str] = {"tool_parser": "hermes"}
+"""The implementation an optional layer gets when the stack file has no section for it and that
+implementation is installed."""
 
 SPLITTABLE: tuple[Layer, ...] = (layers.ROUTER, layers.CODEC, layers.EXECUTOR, layers.PREFIX_CACHE, layers.BATCHING,
                                  layers.PREWARM)
-SINGLE: tuple[Layer, ...] = (layers.AUTOSCALER,)
+SINGLE: tuple[Layer, ...] = (layers.AUTOSCALER, layers.TOOL_PARSER)
 STICKY_KEYS = ("tenant", "user", "request")
 SECTIONS = ("stack", "server", "replicas", "canary", "backends", "route_tree", "admission", "observers", "slo", "ab",
             *(layer.key for layer in SPLITTABLE + SINGLE))
@@ -166,7 +169,8 @@ class StackConfig:
     """A validated stack file.
 
     ``layers`` maps each layer key to a :class:`ComponentSpec`, a :class:`Split`, or
-    ``None`` for an optional layer the stack leaves out (prefix cache, batching, pre-warm).
+    ``None`` for an optional layer the stack leaves out (prefix cache, batching, pre-warm, a tool
+    parser when none is installed).
     ``observers`` are the ``[[observers]]`` lifecycle plugins switched on, ``slo`` the
     objectives whose burn rates ``/metrics`` exports. With ``replicas.count`` workers or
     ``[[backends]]`` the executor runs elsewhere and the gateway routes across them. ``raw``
@@ -229,6 +233,8 @@ class StackConfig:
                 resolved[layer.key] = _spec((layer,), _table(data[layer.key], layer.key), layer.key, registry)
             elif layer.key in DEFAULTS and not (layer is layers.EXECUTOR and pool_only):
                 resolved[layer.key] = _spec((layer,), {"use": DEFAULTS[layer.key]}, layer.key, registry)
+            elif INSTALLED_DEFAULTS.get(layer.key) in registry.names(layer):
+                resolved[layer.key] = _spec((layer,), {"use": INSTALLED_DEFAULTS[layer.key]}, layer.key, registry)
             else:
                 resolved[layer.key] = None
         admission, observers = _array(data, "admission"), _array(data, "observers")

@@ -185,6 +185,16 @@ def lamina_register_replica_providers(register: Register) -> None:
     """
 
 
+@hookspec
+def lamina_register_tool_parsers(register: Register) -> None:
+    """Register tool parsers: a model family's tool-call format, chosen with ``[tool_parser]``;
+    factories return a :class:`~lamina_hookspecs.protocols.ToolParser`. Called like
+    ``lamina_register_routers``.
+
+    :param register: the registration callback.
+    """
+
+
 # ---------------------------------------------------------------------------
 # Stack lifecycle (observers)
 # ---------------------------------------------------------------------------

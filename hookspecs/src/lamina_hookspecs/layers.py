@@ -50,10 +50,12 @@ PREWARM = Layer(
 OBSERVER = Layer(key="observer", noun="observer", hook="lamina_register_observers", protocol=protocols.Observer)
 REPLICA_PROVIDER = Layer(key="replica_provider", noun="replica provider", hook="lamina_register_replica_providers",
                          protocol=protocols.ReplicaProvider)
+TOOL_PARSER = Layer(key="tool_parser", noun="tool parser", hook="lamina_register_tool_parsers",
+                    protocol=protocols.ToolParser)
 
 LAYERS: tuple[Layer, ...] = (
     ROUTER, CODEC, EXECUTOR, PREFIX_CACHE, AUTOSCALER, AUTHENTICATOR, VALIDATOR, RATE_LIMITER, BREAKER, BATCHING,
-    PREWARM, OBSERVER, REPLICA_PROVIDER,
+    PREWARM, OBSERVER, REPLICA_PROVIDER, TOOL_PARSER,
 )
 """Every registrable kind, in the order ``lamina plugins`` lists them."""
 

@@ -22,7 +22,11 @@ from lamina_hookspecs.types import (
     SchedulerState,
     StreamError,
     StreamMeta,
+    StructuredOutput,
     TokenChunk,
+    Tool,
+    ToolCall,
+    ToolCallDelta,
     WarmPrefix,
 )
 
@@ -323,4 +327,46 @@ class ReplicaProvider(Protocol):
 
     def close(self) -> None:
         """Release what the provider holds (a cluster connection); replicas are stopped first."""
+        ...
+
+
+@runtime_checkable
+class ToolCallStream(Protocol):
+    """Reads the tool calls out of one reply as its text arrives."""
+
+    def feed(self, text: str) -> tuple[str, Sequence[ToolCallDelta]]:
+        """Take the reply's next text; return the content to send now (text that is not part of a
+        call; text that might begin one is held back) and the fragments of calls it completed."""
+        ...
+
+    def close(self) -> tuple[str, Sequence[ToolCallDelta]]:
+        """The reply ended: what was held back, as content (an unfinished or malformed call is
+        content) or as the calls it completes."""
+        ...
+
+
+@runtime_checkable
+class ToolParser(Protocol):
+    """A model family's way of calling tools (``[tool_parser]``): how it is told about them, the
+    grammar a call follows and the calls read back from its output. Core runs it around every chat
+    request with tools: the executor sees the instructions and, when a call is required, the
+    grammar as the request's ``structured`` constraint; the codecs see the calls."""
+
+    def instructions(self, tools: Sequence[Tool]) -> str:
+        """A system turn describing ``tools`` and how to call them, for a chat template that
+        takes no tools."""
+        ...
+
+    def constraint(self, tools: Sequence[Tool], *, parallel: bool) -> StructuredOutput:
+        """The output when a call is required: one call of one of ``tools`` (one or more with
+        ``parallel``), in this format, its arguments valid against that tool's schema."""
+        ...
+
+    def render(self, calls: Sequence[ToolCall]) -> str:
+        """``calls`` as the model writes them (for earlier turns, under a chat template that takes
+        no tools); what `stream` reads back as these calls."""
+        ...
+
+    def stream(self, tools: Sequence[Tool]) -> ToolCallStream:
+        """A fresh reader for one reply that may call ``tools``."""
         ...

@@ -7,12 +7,13 @@ when a request arrives and fills it in as the request moves through the stack.
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import attrs
 
-FinishReason = Literal["stop", "length", "abort", "error"]
+FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"]
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = get_args(Role)
 """The chat roles a request may carry."""
@@ -104,11 +105,100 @@ class SamplingParams:
 
 
 @attrs.frozen(kw_only=True)
+class Tool:
+    """A function the model may call: its ``name``, ``description`` and the JSON Schema of its
+    arguments (``parameters``, as JSON text)."""
+
+    name: str
+    description: str = ""
+    parameters: str = '{"type": "object", "properties": {}}'
+
+    def to_openai(self) -> dict[str, Any]:
+        """The tool as OpenAI's ``tools`` entries write it (what chat templates take)."""
+        function = {"name": self.name, "description": self.description, "parameters": json.loads(self.parameters)}
+        return {"type": "function", "function": function}
+
+
+ToolChoiceMode = Literal["none", "auto", "required", "function"]
+
+
+@attrs.frozen(kw_only=True)
+class ToolChoice:
+    """Whether the model may call tools: ``none``, ``auto`` (it decides), ``required`` (at least
+    one call) or ``function`` (a call of the tool ``name``)."""
+
+    mode: ToolChoiceMode = "auto"
+    name: str = ""
+
+    @property
+    def forced(self) -> bool:
+        """Whether the output must be a call (``required`` or a named function)."""
+        return self.mode in ("required", "function")
+
+
+@attrs.frozen(kw_only=True)
+class ToolCall:
+    """One call the model made: an ``id`` unique in its conversation, the tool's ``name`` and its
+    ``arguments`` as JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_openai(self) -> dict[str, Any]:
+        """The call as OpenAI's ``tool_calls`` entries write it."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+    def parsed_arguments(self) -> Any:
+        """The arguments as the object their JSON text holds (the text itself when it is not JSON)."""
+        try:
+            return json.loads(self.arguments)
+        except ValueError:
+            return self.arguments
+
+
+@attrs.frozen(kw_only=True)
+class ToolCallDelta:
+    """A fragment of call ``index`` (counting from 0 in one response) in a stream: the first fragment of
+    a call carries its ``id`` and ``name``; the ``arguments`` fragments of a call join to its JSON text."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@attrs.frozen(kw_only=True)
 class ChatMessage:
-    """One chat turn; the executor renders a list of them with the model's chat template."""
+    """One chat turn; the executor renders a list of them with the model's chat template.
+
+    An assistant turn may carry the ``tool_calls`` it made (its ``content`` then often empty) and
+    ``calls_text``, those calls as the stack's tool parser writes them (core sets it); a ``tool``
+    turn answers the call ``tool_call_id``.
+    """
 
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=tuple)
+    tool_call_id: str | None = None
+    calls_text: str = ""
+
+    def to_template(self, *, template_takes_tools: bool = True) -> dict[str, Any]:
+        """The turn as chat templates read it: for one that renders tools, transformers' convention (a
+        call's ``arguments`` as an object, ``content`` ``None`` for a turn that only calls tools); for
+        any other, the calls written into the content as ``calls_text``."""
+        message: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls and not template_takes_tools:
+            message["content"] = "\n".join(t for t in (self.content, self.calls_text) if t)
+        elif self.tool_calls:
+            if not self.content:
+                message["content"] = None
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.parsed_arguments()}}
+                                     for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
 @attrs.frozen(kw_only=True)
@@ -120,6 +210,11 @@ class Request:
     ``max_queue_wait_s`` is the longest the client will wait for the request to start (the
     ``X-Lamina-Max-Queue-Wait`` header); an executor that queues holds it to the tighter of
     this and its own bound.
+
+    ``tools`` are the functions a chat may call, as ``tool_choice`` allows (``parallel_tool_calls``:
+    more than one per reply). Core's tool parser reads the calls from the output and sets
+    ``tool_prompt``, its instructions for a chat template that takes no tools: an executor whose
+    template renders ``tools`` ignores it, any other puts it first as a system turn.
     """
 
     id: str
@@ -137,11 +232,26 @@ class Request:
     stream: bool = True
     arrival_time: float = attrs.field(factory=time.monotonic)
     max_queue_wait_s: float | None = None
+    tools: tuple[Tool, ...] = attrs.field(default=(), converter=tuple)
+    tool_choice: ToolChoice = ToolChoice()
+    parallel_tool_calls: bool = True
+    tool_prompt: str = ""
 
     def __attrs_post_init__(self) -> None:
         given = [f for f in ("prompt", "prompt_token_ids", "messages") if getattr(self, f) is not None]
         if len(given) != 1:
             raise ValueError(f"exactly one of prompt, prompt_token_ids, messages must be set; got {given}")
+
+    def template_messages(self, *, template_takes_tools: bool) -> list[dict[str, Any]]:
+        """The chat as a chat template reads it: with ``tool_prompt`` as the first system turn (or
+        at the end of the one there is) when the template does not render ``tools`` itself."""
+        messages = [m.to_template(template_takes_tools=template_takes_tools) for m in self.messages or ()]
+        if self.tool_prompt and not template_takes_tools:
+            if messages and messages[0]["role"] == "system":
+                messages[0]["content"] = f"{messages[0]['content']}\n\n{self.tool_prompt}"
+            else:
+                messages.insert(0, {"role": "system", "content": self.tool_prompt})
+        return messages
 
 
 @attrs.frozen(kw_only=True)
@@ -177,7 +287,8 @@ class TokenChunk:
 
     ``index`` is the position of the first token in the output. The last chunk of a
     stream has ``finish_reason`` and ``usage`` set (and may carry no tokens).
-    ``logprobs`` (one per token) and ``top_logprobs`` (one tuple per token) are present
+    ``tool_calls`` are the fragments of tool calls the text so far completed (the calls' own text
+    is then not in ``text``). ``logprobs`` (one per token) and ``top_logprobs`` (one tuple per token) are present
     only when the request asked for them.
     """
 
@@ -189,6 +300,7 @@ class TokenChunk:
     top_logprobs: tuple[tuple[TopLogprob, ...], ...] | None = None
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = attrs.field(default=(), converter=tuple)
 
     @property
     def is_final(self) -> bool:
@@ -228,6 +340,7 @@ class Completion:
     token_ids: tuple[int, ...]
     finish_reason: FinishReason
     usage: Usage
+    tool_calls: tuple[ToolCall, ...] = attrs.field(default=(), converter=tuple)
 
 
 @attrs.frozen(kw_only=True)

@@ -128,6 +128,8 @@ def test_other_schemas_can_be_compiled() -> None:
         custom.validate("chat", CHAT)
     assert accepts("completion", {"no": "schema"}, custom)
 
+TOOL = {"type": "function", "function": {"name": "get_weather", "description": "The weather now.",
+                                         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 
 # -- what passes ---------------------------------------------------------------------------
 
@@ -148,6 +150,15 @@ VALID = [
               "logprobs": False, "top_logprobs": 0}),
     ("chat", {**CHAT, **dict.fromkeys(openai_api.CHAT_FIELDS - {"model", "messages"})}),  # null: not given
     ("chat", {**CHAT, "messages": [{"role": "developer", "content": "be brief"}], "parallel_tool_calls": True}),
+    ("chat", {**CHAT, "tools": [TOOL, {"type": "function", "function": {"name": "b-2", "description": None}}],
+              "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "assistant", "tool_calls": [
+            {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "c1"}]}),
+    ("chat", {**CHAT, "tools": [TOOL], "tool_choice": "required"}),
     ("chat", {**CHAT, "stop": []}),
     ("completion", COMPLETION),
     ("completion", {**COMPLETION, "prompt": [1, 0, 2]}),
@@ -259,8 +270,15 @@ INVALID = [
     ("chat", {**CHAT, "min_p": 1.5}, "min_p", "must be <= 1"),
     ("chat", {**CHAT, "min_tokens": -1}, "min_tokens", "must be >= 0"),
     ("chat", {**CHAT, "logit_bias": {"1": 500}}, "logit_bias[1]", "must be <= 100"),  # jsonschema-rs: a numeric key reads as an index
-    ("chat", {**CHAT, "tools": [{"type": "function"}]}, "tools", "must be []"),
-    ("chat", {**CHAT, "tool_choice": "auto"}, "tool_choice", "must be none"),
+    ("chat", {**CHAT, "tools": [{"type": "function"}]}, "tools[0].function", "required"),
+    ("chat", {**CHAT, "tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name",
+     openai_api.TOOL_NAME_RULE),
+    ("chat", {**CHAT, "tool_choice": "sometimes"}, "tool_choice", openai_api.TOOL_CHOICE_RULE),
+    ("chat", {**CHAT, "messages": [{"role": "tool", "content": "42"}]}, "messages[0].tool_call_id", "required"),
+    ("chat", {**CHAT, "messages": [{"role": "assistant", "content": None}]}, "messages[0].content",
+     "must be a string or an array"),
+    ("chat", {**CHAT, "messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}]},
+     "messages[0].tool_calls[0].function", "required"),
     ("chat", {**CHAT, "parallel_tool_calls": 0}, "parallel_tool_calls", "must be a boolean or null"),
     ("chat", {**CHAT, "response_format": {"type": "json_schema"}}, "response_format.json_schema", "required"),
     ("completion", {**COMPLETION, "structured_outputs": {"regex": ""}}, "structured_outputs.regex", "must not be empty"),
@@ -372,9 +390,10 @@ def _quirk(endpoint: str, body: Any) -> str | None:
 
     * JSON Schema's ``integer`` admits integral floats (``5.0``); the parser refuses them.
       The schema lets them through and the parser still answers 400 (draft-07 cannot say it).
-    * The parser compares the one supported value with Python's ``==``, so ``n: true``,
-      ``tools: "none"`` or ``tool_choice: []`` slip through it; JSON equality keeps ``true``
-      apart from ``1`` and each field to its own value, so the schema refuses them.
+    * The parser compares the one supported value with Python's ``==``, so ``n: true`` slips
+      through it; JSON equality keeps ``true`` apart from ``1``, so the schema refuses it.
+    * Tools must have different names, and ``tool_choice`` must be ``required`` only with tools and
+      name one of them: the parser checks, the schema cannot.
     * ``min_tokens`` above ``max_tokens`` (one field bounded by another) the parser refuses;
       draft-07 cannot say it.
     * A JSON Schema given as text (``guided_json``, ``structured_outputs.json``) must parse to an
@@ -413,10 +432,14 @@ def _quirk(endpoint: str, body: Any) -> str | None:
     limit = body.get("max_tokens") if limit is None else limit
     if isinstance(limit, int) and isinstance(body.get("min_tokens"), int) and body["min_tokens"] > limit:
         return "min_tokens above max_tokens"
-    for key, one in (("tools", []), ("tool_choice", "none")):
-        value = body.get(key)
-        if value is not None and value in ([], "none", False) and not (type(value) is type(one) and value == one):
-            return "loose one-value check"
+    tools = body.get("tools") if isinstance(body.get("tools"), list) else []
+    names = [t["function"].get("name") for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    choice = body.get("tool_choice")
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) and isinstance(
+        choice.get("function"), dict) else None
+    if len(set(names)) < len(names) or (choice == "required" and not tools) or (named is not None
+                                                                                and named not in names):
+        return "tool names"
     return None
 
 
@@ -426,8 +449,9 @@ KNOWN_DIFFERENCES = [
     ("chat", {**CHAT, "n": True}, True, False),
     ("completion", {**COMPLETION, "best_of": True}, True, False),
     ("chat", {**CHAT, "max_tokens": 2, "min_tokens": 3}, False, True),
-    ("chat", {**CHAT, "tools": "none"}, True, False),
-    ("chat", {**CHAT, "tool_choice": []}, True, False),
+    ("chat", {**CHAT, "tools": [TOOL, TOOL]}, False, True),
+    ("chat", {**CHAT, "tool_choice": "required"}, False, True),
+    ("chat", {**CHAT, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, False, True),
 ]
 
 
@@ -476,7 +500,7 @@ def _one(*values: Any) -> st.SearchStrategy[Any]:
 _VALID_MESSAGE = st.fixed_dictionaries(
     {"role": st.sampled_from([*ROLES, *ROLE_ALIASES]),
      "content": _TEXT | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _TEXT}), max_size=2)},
-    optional={"name": _TEXT, "tool_call_id": _TEXT})
+    optional={"name": _TEXT}).map(lambda m: {**m, "tool_call_id": "c1"} if m["role"] == "tool" else m)
 # Values the parser accepts, field by field.
 _VALID = {
     "model": _NONEMPTY,
@@ -492,7 +516,7 @@ _VALID = {
     "repetition_penalty": st.none() | st.floats(0, 10, exclude_min=True), "min_p": st.none() | st.floats(0, 1),
     "min_tokens": st.none() | st.integers(0, 1),
     "logit_bias": st.none() | st.dictionaries(st.integers(0, 10**9 - 1).map(str), st.floats(-100, 100), max_size=3),
-    "tools": _one([]), "tool_choice": _one("none"), "parallel_tool_calls": st.none() | st.booleans(),
+    "tools": _one([], [TOOL]), "tool_choice": _one("none", "auto"), "parallel_tool_calls": st.none() | st.booleans(),
     "response_format": st.none() | st.sampled_from([
         {"type": "text"}, {"type": "json_object"},
         {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}, "strict": True}}]),
@@ -530,8 +554,10 @@ _BREAK = {
     "logprobs": _FLAG | _NUMBER, "user": _TEXT | _JSON, "suffix": _TEXT | st.none(),
     "logit_bias": st.sampled_from([{}, {"1": 1}, [], None, {"a": 1}, {"-1": 1}, {"1": 101}, {"1": True},
                                    {"²": 1}, {"1234567890": 1}]),
-    "tools": st.sampled_from([[], [{}], "none", None, False]),
-    "tool_choice": st.sampled_from(["none", "auto", None, []]),
+    "tools": st.sampled_from([[], [{}], "none", None, False, [TOOL], [TOOL, TOOL], [{"type": "function", "function": {
+        "name": "a b"}}], [{"type": "function", "function": {"name": "f", "parameters": []}}]]),
+    "tool_choice": st.sampled_from(["none", "auto", None, [], "required", "x",
+                                    {"type": "function", "function": {"name": "get_weather"}}, {"type": "function"}]),
     "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}, None, "text", {"type": "json_schema"},
                                         {"type": "json_schema", "json_schema": {"schema": True}}, {"type": "other"}]),
     "structured_outputs": st.sampled_from([{"regex": ""}, {"foo": 1}, {"choice": []}, {"choice": [""]}, {"json": 1},

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from lamina_hookspecs.errors import InvalidRequestError
-from lamina_hookspecs.types import ChatMessage, Request, SamplingParams
+from lamina_hookspecs.types import ChatMessage, Request, SamplingParams, Tool
 
 from lamina_jax.executor import JaxExecutor
 from lamina_jax.model.llama import LlamaParams, forward
@@ -102,11 +102,11 @@ def test_logits_and_greedy_tokens_match_the_reference(family: str, fmt: str) -> 
 
 def request_for(case: dict[str, Any], index: int) -> Request:
     sampling = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=len(case["greedy_ids"]))
-    if case["tools"] is not None:  # no tools field on a Request yet: send the rendered prompt's ids
-        return Request(id=f"r{index}", model="m", prompt_token_ids=tuple(case["prompt_ids"]), sampling=sampling)
     if case["messages"] is not None:
         messages = tuple(ChatMessage(role=m["role"], content=m["content"]) for m in case["messages"])
-        return Request(id=f"r{index}", model="m", messages=messages, sampling=sampling)
+        tools = [Tool(name=t["function"]["name"], description=t["function"]["description"],
+                      parameters=json.dumps(t["function"]["parameters"])) for t in case["tools"] or ()]
+        return Request(id=f"r{index}", model="m", messages=messages, tools=tools, sampling=sampling)
     return Request(id=f"r{index}", model="m", prompt=case["text"], sampling=sampling)
 
 

@@ -174,7 +174,7 @@ def test_sse_syntax_crlf_cr_comments_fields_bom_multiline(chat_items: list[objec
     (b'data: {"id":"x","object":"text_completion","created":1,"model":"m"}\n\n', "lacks field 'choices'"),
     (b'data: {"id":"x","object":"response","created":1,"model":"m","choices":[]}\n\n', "unknown object"),
     (b'data: {"id":"x","object":"text_completion","created":"1","model":"m","choices":[]}\n\n', "wrong type"),
-    (COMPLETION_SSE.replace(b'"stop"', b'"tool_calls"'), "unknown finish_reason"),
+    (COMPLETION_SSE.replace(b'"stop"', b'"content_filter"'), "unknown finish_reason"),
     (COMPLETION_SSE.replace(b'"token_ids":[2,3]', b'"token_ids":[2,"3"]'), "list of integers"),
     (COMPLETION_SSE.replace(b'"top_token_ids":[[1,2]]', b'"top_token_ids":[[1]]'), "top_token_ids"),
     (COMPLETION_SSE.replace(b'"index":0,"text":" world"', b'"index":1,"text":" world"'), "single-choice"),

@@ -115,7 +115,7 @@ END = bytes.fromhex("0403000000")  # END: no flags, 0 tokens, stop
 
 @pytest.mark.parametrize(("data", "message"), [
     (b"data: {}\n\n", "not an STC stream"),
-    (b"LSTC\x02", "unsupported version 2"),
+    (b"LSTC\x03", "unsupported version 3"),
     (HEAD + b"\x00", "empty frame"),
     (HEAD + b"\xff\xff\x7f", "the limit is 1048576"),
     (HEAD + b"\x01\x09", "unknown frame type 0x09"),

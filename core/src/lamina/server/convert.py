@@ -2,12 +2,14 @@
 
 The gRPC service writes chunks with :func:`to_proto`; a gateway talking to its workers
 (:mod:`lamina.remote`) writes requests with :func:`to_proto_request` and reads chunks back
-with :func:`from_proto`.
+with :func:`from_proto`. The gateway reads tool calls out of the text itself, so a worker
+gets a chat's tools as text (the tool parser's instructions, the calls of earlier turns) and
+a required call as its grammar.
 """
 
 from __future__ import annotations
 
-from lamina_hookspecs.types import Request, TokenChunk, TopLogprob, Usage
+from lamina_hookspecs.types import Request, TokenChunk, ToolCallDelta, TopLogprob, Usage
 from lamina.server.proto.lamina.v1 import inference_pb2 as pb
 
 TENANT_METADATA = "x-lamina-tenant"
@@ -26,7 +28,9 @@ def to_proto(request_id: str, chunk: TokenChunk) -> pb.GenerateChunk:
         finish_reason=chunk.finish_reason or "",
         usage=None if usage is None else pb.Usage(prompt_tokens=usage.prompt_tokens,
                                                   completion_tokens=usage.completion_tokens,
-                                                  cached_tokens=usage.cached_tokens, queue_s=usage.queue_s))
+                                                  cached_tokens=usage.cached_tokens, queue_s=usage.queue_s),
+        tool_calls=[pb.ToolCallDelta(index=d.index, id=d.id, name=d.name, arguments=d.arguments)
+                    for d in chunk.tool_calls])
 
 
 def from_proto(chunk: pb.GenerateChunk) -> TokenChunk:
@@ -41,7 +45,10 @@ def from_proto(chunk: pb.GenerateChunk) -> TokenChunk:
         finish_reason=chunk.finish_reason or None,  # type: ignore[arg-type]
         usage=None if usage is None else Usage(prompt_tokens=usage.prompt_tokens,
                                                completion_tokens=usage.completion_tokens,
-                                               cached_tokens=usage.cached_tokens, queue_s=usage.queue_s))
+                                               cached_tokens=usage.cached_tokens, queue_s=usage.queue_s),
+        tool_calls=[ToolCallDelta(index=d.index, id=d.id if d.HasField("id") else None,
+                                  name=d.name if d.HasField("name") else None, arguments=d.arguments)
+                    for d in chunk.tool_calls])
 
 
 def to_proto_request(request: Request) -> pb.GenerateRequest:
@@ -68,8 +75,10 @@ def to_proto_request(request: Request) -> pb.GenerateRequest:
             setattr(structured, kind, s.structured.spec)
     message = pb.GenerateRequest(request_id=request.id, model=request.model, sampling=sampling,
                                  user=request.user or "")
-    if request.messages is not None:
-        message.chat.messages.extend(pb.ChatMessage(role=m.role, content=m.content) for m in request.messages)
+    if request.messages is not None:  # tools travel as text: the parser's instructions and the calls made
+        message.chat.messages.extend(pb.ChatMessage(role=m["role"], content=m["content"],
+                                                    tool_call_id=m.get("tool_call_id", ""))
+                                     for m in request.template_messages(template_takes_tools=False))
     elif request.prompt_token_ids is not None:
         message.token_ids.ids.extend(request.prompt_token_ids)
     else:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -94,8 +95,7 @@ def openai_body(request: pb.GenerateRequest) -> tuple[str, dict[str, Any]]:
         body["user"] = request.user
     prompt = request.WhichOneof("prompt")
     if prompt == "chat":
-        body["messages"] = [{"role": m.role, "content": m.content} for m in request.chat.messages]
-        body.update(logprobs=sampling.logprobs, top_logprobs=sampling.top_logprobs)
+        body.update(_chat(request.chat), logprobs=sampling.logprobs, top_logprobs=sampling.top_logprobs)
         return "chat", body
     if prompt is not None:
         body["prompt"] = request.text if prompt == "text" else list(request.token_ids.ids)
@@ -104,6 +104,43 @@ def openai_body(request: pb.GenerateRequest) -> tuple[str, dict[str, Any]]:
     elif sampling.top_logprobs:
         raise InvalidRequestError("top_logprobs: needs logprobs = true", param="top_logprobs")
     return "completion", body
+
+
+def _chat(chat: pb.Chat) -> dict[str, Any]:
+    """The OpenAI fields of a ``Chat``: its messages and tools."""
+    messages = []
+    for m in chat.messages:
+        message: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.role == "tool":
+            message["tool_call_id"] = m.tool_call_id
+        if m.tool_calls:
+            message["content"] = m.content or None
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}} for c in m.tool_calls]
+        messages.append(message)
+    fields: dict[str, Any] = {"messages": messages}
+    if chat.tools:
+        fields["tools"] = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                                             "parameters": _parameters(t, i)}}
+                           for i, t in enumerate(chat.tools)]
+    choice = chat.WhichOneof("tool_choice")
+    if choice == "tool_mode":
+        fields["tool_choice"] = chat.tool_mode
+    elif choice == "tool_function":
+        fields["tool_choice"] = {"type": "function", "function": {"name": chat.tool_function}}
+    if chat.HasField("parallel_tool_calls"):
+        fields["parallel_tool_calls"] = chat.parallel_tool_calls
+    return fields
+
+
+def _parameters(tool: pb.Tool, i: int) -> Any:
+    if not tool.parameters:
+        return None
+    try:
+        return json.loads(tool.parameters)
+    except ValueError:
+        raise InvalidRequestError(f"tools[{i}].parameters: must be a JSON Schema as JSON text",
+                                  param=f"tools[{i}].parameters") from None
 
 
 async def _fail(context: Context, error: LaminaError) -> NoReturn:

@@ -3,8 +3,14 @@
 Parsing checks every field it knows with an error that names it
 (``temperature: must be a number between 0 and 2``); ``null`` means "not given" for every
 optional field. Fields OpenAI defines but Lamina does not support yet, or supports only at one
-value (``n`` > 1, tools), are refused with a 400 rather than silently ignored. Fields it does not know are refused too: the HTTP server removes them first unless
-the stack asks for strict fields (`unknown_fields`).
+value (``n`` > 1), are refused with a 400 rather than silently ignored. Fields it does not know
+are refused too: the HTTP server removes them first unless the stack asks for strict fields
+(`unknown_fields`).
+
+A chat's ``tools`` (functions with a JSON-Schema ``parameters``), ``tool_choice`` (``none``,
+``auto``, ``required`` or ``{"type": "function", "function": {"name": ...}}``; ``auto`` when there
+are tools) and ``parallel_tool_calls`` are read here; history may hold assistant turns with
+``tool_calls`` (``content`` then may be ``null``) and ``tool`` turns answering a ``tool_call_id``.
 Besides OpenAI's fields, vLLM's sampling extensions are read: ``top_k``, ``min_p``,
 ``repetition_penalty``, ``min_tokens``, ``ignore_eos`` and ``stop_token_ids``.
 
@@ -26,7 +32,7 @@ from typing import Any
 from lamina_hookspecs.errors import InvalidRequestError
 from lamina_hookspecs.types import (MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES, STRUCTURED_KINDS,
                                     ChatMessage, Completion, Request, SamplingParams, StructuredOutput, TokenChunk,
-                                    Usage)
+                                    Tool, ToolCall, ToolChoice, Usage)
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options",
            "user", "presence_penalty", "frequency_penalty", "logit_bias", "ignore_eos", "stop_token_ids",
@@ -87,8 +93,6 @@ def _check_fields(body: Mapping[str, Any], known: set[str]) -> None:
     _only(body, "best_of", lambda v: v == 1, "best_of = 1")
     _only(body, "echo", lambda v: v is False, "echo = false")
     _only(body, "suffix", lambda v: False, "no suffix")
-    for key in ("tools", "tool_choice"):
-        _only(body, key, lambda v: v in ([], "none"), f"no {key.replace('_', ' ')}")
     for key in ("stream", "ignore_eos", "parallel_tool_calls"):
         if body.get(key) is not None and not isinstance(body[key], bool):
             raise _fail(key, f"must be true or false; got {body[key]!r}")
@@ -258,6 +262,59 @@ def _content(message: Mapping[str, Any], path: str) -> str:
     raise _fail(f"{path}.content", "must be a string or a list of text parts")
 
 
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+TOOL_NAME_RULE = "must be 1 to 64 letters, digits, underscores or dashes"
+TOOL_CHOICE_RULE = 'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+
+
+def _tools(body: Mapping[str, Any]) -> tuple[Tool, ...]:
+    tools = body.get("tools")
+    if tools is None:
+        return ()
+    if not isinstance(tools, list):
+        raise _fail("tools", "must be a list of {\"type\": \"function\", \"function\": {...}} objects")
+    parsed, names = [], set()
+    for i, tool in enumerate(tools):
+        path = f"tools[{i}]"
+        if not isinstance(tool, Mapping) or tool.get("type") != "function" or not isinstance(tool.get("function"),
+                                                                                              Mapping):
+            raise _fail(path, "must be an object with type \"function\" and a function object")
+        function = tool["function"]
+        name = function.get("name")
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            raise _fail(f"{path}.function.name", TOOL_NAME_RULE)
+        if name in names:
+            raise _fail(f"{path}.function.name", f"{name!r} is the name of an earlier tool")
+        names.add(name)
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise _fail(f"{path}.function.description", "must be a string")
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, Mapping):
+            raise _fail(f"{path}.function.parameters", "must be a JSON Schema object")
+        parsed.append(Tool(name=name, description=description or "",
+                           parameters=json.dumps(parameters if parameters is not None
+                                                 else {"type": "object", "properties": {}})))
+    return tuple(parsed)
+
+
+def _tool_choice(body: Mapping[str, Any], tools: tuple[Tool, ...]) -> ToolChoice:
+    choice = body.get("tool_choice")
+    if choice is None:
+        return ToolChoice(mode="auto" if tools else "none")
+    if choice in ("none", "auto", "required"):
+        if choice == "required" and not tools:
+            raise _fail("tool_choice", "required needs tools to call")
+        return ToolChoice(mode=choice)
+    function = choice.get("function") if isinstance(choice, Mapping) and choice.get("type") == "function" else None
+    name = function.get("name") if isinstance(function, Mapping) else None
+    if not isinstance(name, str):
+        raise _fail("tool_choice", TOOL_CHOICE_RULE)
+    if name not in {t.name for t in tools}:
+        raise _fail("tool_choice", f"names {name!r}, which is not one of the tools")
+    return ToolChoice(mode="function", name=name)
+
+
 def parse_chat(body: Mapping[str, Any], request_id: str, tenant: str) -> Request:
     """A ``POST /v1/chat/completions`` body as a :class:`Request`."""
     _check_fields(body, CHAT_FIELDS)
@@ -269,9 +326,12 @@ def parse_chat(body: Mapping[str, Any], request_id: str, tenant: str) -> Request
     top = _integer(body, "top_logprobs", 0, 0) or 0
     if top > MAX_TOP_LOGPROBS or (top and not logprobs):
         raise _fail("top_logprobs", f"must be between 0 and {MAX_TOP_LOGPROBS}, with logprobs = true")
+    tools = _tools(body)
     return Request(id=request_id, model=body["model"], messages=messages, tenant=tenant, user=_user(body),
                    stream=bool(body.get("stream", False)),
-                   sampling=_sampling(body, "max_completion_tokens", None, logprobs, top))
+                   sampling=_sampling(body, "max_completion_tokens", None, logprobs, top),
+                   tools=tools, tool_choice=_tool_choice(body, tools),
+                   parallel_tool_calls=_flag(body, "parallel_tool_calls", True))
 
 
 def _messages(body: Mapping[str, Any]) -> tuple[ChatMessage, ...]:
@@ -287,7 +347,36 @@ def _messages(body: Mapping[str, Any]) -> tuple[ChatMessage, ...]:
         role = ROLE_ALIASES.get(role, role) if isinstance(role, str) else role
         if role not in ROLES:
             raise _fail(f"{path}.role", f"must be one of {', '.join((*ROLES, *ROLE_ALIASES))}")
-        parsed.append(ChatMessage(role=role, content=_content(message, path)))
+        calls = _history_calls(message, path) if role == "assistant" else ()
+        content = "" if calls and message.get("content") is None else _content(message, path)
+        call_id = message.get("tool_call_id")
+        if role == "tool" and not isinstance(call_id, str):
+            raise _fail(f"{path}.tool_call_id", "required: the id of the call this tool turn answers")
+        parsed.append(ChatMessage(role=role, content=content, tool_calls=calls,
+                                  tool_call_id=call_id if role == "tool" else None))
+    return tuple(parsed)
+
+
+def _history_calls(message: Mapping[str, Any], path: str) -> tuple[ToolCall, ...]:
+    """The ``tool_calls`` an assistant turn of the history made."""
+    calls = message.get("tool_calls")
+    if calls is None:
+        return ()
+    if not isinstance(calls, list):
+        raise _fail(f"{path}.tool_calls", "must be a list of calls")
+    parsed = []
+    for i, call in enumerate(calls):
+        where = f"{path}.tool_calls[{i}]"
+        if not isinstance(call, Mapping):
+            raise _fail(where, "must be an object with id and function")
+        function = call.get("function")
+        if not isinstance(function, Mapping):
+            raise _fail(f"{where}.function", "required: an object with name and arguments")
+        for key, value in (("id", call.get("id")), ("function.name", function.get("name")),
+                           ("function.arguments", function.get("arguments"))):
+            if not isinstance(value, str):
+                raise _fail(f"{where}.{key}", "required: a string" + " (JSON text)" * (key == "function.arguments"))
+        parsed.append(ToolCall(id=call["id"], name=function["name"], arguments=function["arguments"]))
     return tuple(parsed)
 
 
@@ -333,9 +422,14 @@ def join(request_id: str, chunks: Sequence[TokenChunk]) -> Completion:
     """The chunks of one finished request as a :class:`Completion`."""
     final = chunks[-1]
     usage = final.usage or Usage(prompt_tokens=0, completion_tokens=sum(len(c.token_ids) for c in chunks))
+    calls: dict[int, list[str]] = {}  # index: id, name, then the arguments' fragments
+    for delta in (d for c in chunks for d in c.tool_calls):
+        calls.setdefault(delta.index, [delta.id or "", delta.name or ""]).append(delta.arguments)
     return Completion(request_id=request_id, text="".join(c.text for c in chunks),
                       token_ids=tuple(t for c in chunks for t in c.token_ids),
-                      finish_reason=final.finish_reason or "stop", usage=usage)
+                      finish_reason=final.finish_reason or "stop", usage=usage,
+                      tool_calls=[ToolCall(id=parts[0], name=parts[1], arguments="".join(parts[2:]))
+                                  for _, parts in sorted(calls.items())])
 
 
 def _usage(usage: Usage) -> dict[str, Any]:
@@ -373,7 +467,11 @@ def completion_body(kind: str, request: Request, chunks: Sequence[TokenChunk]) -
     result = join(request.id, chunks)
     wants_logprobs = request.sampling.logprobs
     if kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
+        message: dict[str, Any] = {"role": "assistant", "content": result.text}
+        if result.tool_calls:
+            message["content"] = result.text or None
+            message["tool_calls"] = [call.to_openai() for call in result.tool_calls]
+        choice = {"index": 0, "message": message,
                   "logprobs": _chat_logprobs(chunks) if wants_logprobs else None,
                   "finish_reason": result.finish_reason}
         obj = "chat.completion"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import math
 import random
 import time
@@ -28,9 +29,8 @@ from lamina_hookspecs.protocols import Tokenizes
 from lamina_hookspecs.registration import BuildContext
 from lamina.testing.streams import decode_stream, encode_stream
 from lamina_hookspecs.types import (
-    BackendState, PoolSnapshot, PrefixMatch, Request, SamplingParams, ScaleDecision, SchedulerState, StreamError,
-    StreamMeta, TokenChunk,
-    TopLogprob, Usage,
+    STRUCTURED_KINDS, BackendState, PoolSnapshot, PrefixMatch, Request, SamplingParams, ScaleDecision, SchedulerState,
+    StreamError, StreamMeta, StructuredOutput, TokenChunk, Tool, ToolCall, ToolCallDelta, TopLogprob, Usage,
 )
 
 
@@ -159,6 +159,24 @@ class CodecContract(ComponentContract):
         data = encode_stream(component.encoder(), _sample_stream())
         assert (self._tokens(decode_stream(component.decoder(), data, split))
                 == self._tokens(decode_stream(component.decoder(), data)))
+
+    def test_round_trips_tool_calls(self, component: Any) -> None:
+        meta = StreamMeta(request_id="req-2", model="test-model", created=1_700_000_000, kind="chat")
+        chunks = [
+            TokenChunk(request_id="req-2", index=0, token_ids=(3,), text="Let me look.",
+                       tool_calls=(ToolCallDelta(index=0, id="call_a1", name="get_weather", arguments=""),)),
+            TokenChunk(request_id="req-2", index=1, token_ids=(4, 5),
+                       tool_calls=(ToolCallDelta(index=0, arguments='{"city": "Zürich"}'),
+                                   ToolCallDelta(index=1, id="call_b2", name="add", arguments="{}"))),
+            TokenChunk(request_id="req-2", index=3, finish_reason="tool_calls",
+                       usage=Usage(prompt_tokens=9, completion_tokens=3)),
+        ]
+        decoded = [item for item in decode_stream(component.decoder(), encode_stream(component.encoder(),
+                                                                                     [meta, *chunks]))
+                   if isinstance(item, TokenChunk)]
+        assert [d for c in decoded for d in c.tool_calls] == [d for c in chunks for d in c.tool_calls]
+        assert "".join(c.text for c in decoded) == "Let me look."
+        assert decoded[-1].finish_reason == "tool_calls"
 
     def test_carries_errors(self, component: Any) -> None:
         items = [*_sample_stream()[:2], StreamError(message="backend died", type="server_error", code="oops")]
@@ -477,3 +495,75 @@ class PrewarmPolicyContract(ComponentContract):
         first = component.wanted(now)
         time.sleep(0.02)
         assert self._feed(twin, random.Random(3)) == now and twin.wanted(now) == first
+
+
+_TOOLS = (
+    Tool(name="get_weather", description="The weather in a city now.",
+         parameters=json.dumps({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})),
+    Tool(name="add_numbers", parameters=json.dumps({"type": "object", "properties": {"a": {"type": "integer"},
+                                                                            "b": {"type": "integer"}}})),
+)
+
+
+def _read(reader: Any, text: str, size: int) -> tuple[str, list[ToolCallDelta]]:
+    """``text`` fed to ``reader`` ``size`` characters at a time, then closed: content and calls."""
+    content, deltas = [], []
+    for at in range(0, len(text), size):
+        part, found = reader.feed(text[at:at + size])
+        content.append(part)
+        deltas += found
+    part, found = reader.close()
+    return "".join(content) + part, [*deltas, *found]
+
+
+def _calls(deltas: list[ToolCallDelta]) -> list[tuple[str, Any]]:
+    """The calls the fragments make, as (name, parsed arguments), in index order; ids unique."""
+    calls: dict[int, list[str]] = {}
+    for delta in deltas:
+        calls.setdefault(delta.index, [delta.id or "", delta.name or ""]).append(delta.arguments)
+    ids = [parts[0] for parts in calls.values()]
+    assert all(ids) and len(set(ids)) == len(ids), f"every call needs its own id; got {ids}"
+    assert sorted(calls) == list(range(len(calls))), "calls are numbered from 0 in order"
+    return [(parts[1], json.loads("".join(parts[2:]))) for _, parts in sorted(calls.items())]
+
+
+class ToolParserContract(ComponentContract):
+    """A tool parser reads back the calls it renders, fed in pieces of any size; passes text that
+    calls nothing through unchanged; loses no text of a call it cannot read; and its instructions and
+    grammar name the tools."""
+
+    layer = layers.TOOL_PARSER
+
+    @pytest.mark.parametrize("size", [1, 3, 1000])
+    def test_reads_back_the_calls_it_renders(self, component: Any, size: int) -> None:
+        calls = [ToolCall(id="call_1", name="get_weather", arguments='{"city": "Paris"}')]
+        content, deltas = _read(component.stream(_TOOLS), component.render(calls), size)
+        assert not content.strip()
+        assert _calls(deltas) == [("get_weather", {"city": "Paris"})]
+
+    def test_reads_back_several_calls(self, component: Any) -> None:
+        calls = [ToolCall(id="call_1", name="get_weather", arguments='{"city": "Oslo"}'),
+                 ToolCall(id="call_2", name="add_numbers", arguments='{"a": 1, "b": 2}')]
+        content, deltas = _read(component.stream(_TOOLS), component.render(calls), 2)
+        assert not content.strip()
+        assert _calls(deltas) == [("get_weather", {"city": "Oslo"}), ("add_numbers", {"a": 1, "b": 2})]
+
+    @pytest.mark.parametrize("size", [1, 4, 1000])
+    def test_passes_plain_text_through(self, component: Any, size: int) -> None:
+        text = "The weather in Paris is mild: 18 °C, light wind. <b>tag</b> {braces} [1, 2]."
+        assert _read(component.stream(_TOOLS), text, size) == (text, [])
+
+    def test_keeps_the_text_of_a_call_it_cannot_read(self, component: Any) -> None:
+        calls = [ToolCall(id="call_1", name="get_weather", arguments='{"city": "Paris"}')]
+        for text in (component.render(calls)[:-3], component.render(
+                [ToolCall(id="call_1", name="not_offered", arguments="{}")])):
+            content, deltas = _read(component.stream(_TOOLS), text, 5)
+            assert (content, deltas) == (text, []), f"{text!r} is no call of an offered tool: it stays content"
+
+    def test_instructions_and_grammar_name_the_tools(self, component: Any) -> None:
+        text = component.instructions(_TOOLS)
+        assert all(tool.name in text for tool in _TOOLS)
+        for parallel in (False, True):
+            constraint = component.constraint(_TOOLS[:1], parallel=parallel)
+            assert isinstance(constraint, StructuredOutput) and constraint.kind in STRUCTURED_KINDS
+            assert "get_weather" in constraint.spec and "add_numbers" not in constraint.spec

@@ -5,8 +5,7 @@ the body of ``POST /v1/completions``. They describe exactly what
 ``lamina.server.openai_api.parse_chat``/``parse_completion`` accept: the same field sets
 (unknown fields are refused, ``additionalProperties: false``: the HTTP server removes them
 before admission unless the stack sets ``server.strict_fields``), types and ranges, and the
-fields OpenAI defines that Lamina supports at one value only (``n`` = 1,
-no tools...). ``null`` is accepted wherever the parser treats it as "not given".
+fields OpenAI defines that Lamina supports at one value only (``n`` = 1, ...). ``null`` is accepted wherever the parser treats it as "not given".
 
 The schemas are plain data: dump them with ``json.dumps`` to publish them, or extend a
 copy (a further ``enum``, a tighter ``maximum``) and hand it to
@@ -121,14 +120,39 @@ def chat_schema(*, max_messages: int = 1024, max_prompt_chars: int = 1_000_000,
         "type": "object", "required": ["type", "text"],
         "properties": {"type": {"const": "text"}, "text": {"type": "string", "maxLength": max_prompt_chars}},
     }
-    # Keys the parser ignores (name, tool_call_id, ...) are allowed: the openai client sends them.
+    # Keys the parser ignores (name, ...) are allowed: the openai client sends them.
+    call = {"type": "object", "required": ["id", "function"], "properties": {
+        "id": {"type": "string"},
+        "function": {"type": "object", "required": ["name", "arguments"],
+                     "properties": {"name": {"type": "string"}, "arguments": {"type": "string"}}}}}
     message = {
-        "type": "object", "required": ["role", "content"],
+        "type": "object", "required": ["role"],
         "properties": {
             "role": {"enum": [*ROLES, *ROLE_ALIASES]},
-            "content": {"type": ["string", "array"], "maxLength": max_prompt_chars, "items": text_part},
+            "content": {"type": ["string", "array", "null"], "maxLength": max_prompt_chars, "items": text_part},
+            "tool_calls": {**_nullable("array"), "items": call},
+            "tool_call_id": _nullable("string"),
         },
+        "allOf": [
+            {"if": {"properties": {"role": {"const": "tool"}}},
+             "then": {"required": ["tool_call_id"], "properties": {"tool_call_id": {"type": "string"}}}},
+            # content may be null or absent only in an assistant turn that calls tools
+            {"if": {"not": {"required": ["role", "tool_calls"], "properties": {
+                "role": {"const": "assistant"}, "tool_calls": {"type": "array", "minItems": 1}}}},
+             "then": {"required": ["content"], "properties": {"content": {"type": ["string", "array"]}}}},
+        ],
     }
+    function = {"type": "object", "required": ["name"], "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$",
+                 "errorMessage": "must be 1 to 64 letters, digits, underscores or dashes"},
+        "description": _nullable("string"),
+        "parameters": _nullable("object"),
+    }}
+    tool = {"type": "object", "required": ["type", "function"],
+            "properties": {"type": {"const": "function"}, "function": function}}
+    named = {"type": "object", "required": ["type", "function"], "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}
     properties = {
         **_common(max_tokens_limit),
         "messages": {"type": "array", "minItems": 1, "maxItems": max_messages, "items": message},
@@ -136,8 +160,9 @@ def chat_schema(*, max_messages: int = 1024, max_prompt_chars: int = 1_000_000,
         "logprobs": _nullable("boolean"),
         "top_logprobs": {**_nullable("integer"), "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
         "parallel_tool_calls": _nullable("boolean"),
-        "tools": _only([], "tools are not supported"),
-        "tool_choice": _only("none", "tools are not supported"),
+        "tools": {**_nullable("array"), "items": tool},
+        "tool_choice": {"anyOf": [{"enum": ["none", "auto", "required", None]}, named], "errorMessage":
+                        'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'},
     }
     # top_logprobs > 0 needs logprobs = true.
     logprobs_off = {"not": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jinja2
+import jinja2.meta
 import jinja2.sandbox
 
 
@@ -41,6 +42,8 @@ class ChatTemplate:
 
     :param source: the Jinja source.
     :param special_tokens: ``bos_token``, ``eos_token`` and the like, as text.
+
+    ``takes_tools`` says whether the template reads ``tools`` (renders the tools it is given).
     """
 
     def __init__(self, source: str, special_tokens: Mapping[str, str]) -> None:
@@ -51,6 +54,7 @@ class ChatTemplate:
         env.globals["strftime_now"] = _strftime_now
         try:
             self._template = env.from_string(source)
+            self.takes_tools = "tools" in jinja2.meta.find_undeclared_variables(env.parse(source))
         except jinja2.TemplateSyntaxError as error:
             raise ValueError(f"the chat template does not parse: {error.message} (line {error.lineno})") from error
         self.special_tokens = dict(special_tokens)

@@ -196,14 +196,16 @@ class JaxExecutor:
             self._check_ids(ids, "prompt")
             return ids
         if request.messages is not None:
-            if self.tokenizer.chat_template is None:
+            template = self.tokenizer.chat_template
+            if template is None:
                 raise InvalidRequestError(
                     f"model {self.model.id!r} has no chat template, so it cannot take chat messages: send a prompt "
                     "to /v1/completions, or set the jax executor's chat_template option (inline or a file)",
                     param="messages")
+            messages = request.template_messages(template_takes_tools=template.takes_tools)
+            tools = [tool.to_openai() for tool in request.tools] or None
             try:
-                return self.tokenizer.encode_chat([{"role": m.role, "content": m.content} for m in request.messages],
-                                                  add_generation_prompt=add_generation_prompt)
+                return self.tokenizer.encode_chat(messages, tools, add_generation_prompt=add_generation_prompt)
             except ChatTemplateError as error:
                 raise InvalidRequestError(str(error), param="messages") from error
         return self.tokenizer.encode(request.prompt or "", add_special_tokens=add_special_tokens)

@@ -14,6 +14,10 @@ round-trip a :class:`~lamina_hookspecs.types.TokenChunk`:
 - ``top_token_ids``: per token, the ids of its ``top_logprobs`` alternatives, in order
   (absent without top logprobs). Decoding a stream without it gives alternatives id ``-1``.
 
+Tool calls are ``delta.tool_calls`` entries as OpenAI streams them: ``index``, then ``id``,
+``type`` and ``function.name`` on a call's first entry, and ``function.arguments`` fragments
+(``delta.content`` is ``null`` in a chunk that carries only calls).
+
 OpenAI gives each token its own text, a ``TokenChunk`` one text for all its tokens: the
 encoder gives the chunk's text to its first token and ``""`` to the others, so the token
 texts still join to the chunk's text. A completion's ``text_offset`` counts characters
@@ -35,7 +39,8 @@ import orjson
 from lamina_hookspecs.errors import CodecError
 from lamina_hookspecs.protocols import StreamItem
 from lamina_hookspecs.registration import BuildContext
-from lamina_hookspecs.types import FinishReason, StreamError, StreamMeta, TokenChunk, TopLogprob, Usage
+from lamina_hookspecs.types import (FinishReason, StreamError, StreamMeta, TokenChunk, ToolCallDelta, TopLogprob,
+                                    Usage)
 from lamina_openai.sse import MAX_EVENT_BYTES, SseParser
 
 Kind = Literal["completion", "chat"]
@@ -95,7 +100,7 @@ class SseEncoder:
         if meta is None:
             raise CodecError("openai-sse: chunk() before header()")
         out = bytearray()
-        carries = chunk.text or chunk.token_ids or chunk.logprobs is not None
+        carries = chunk.text or chunk.token_ids or chunk.logprobs is not None or chunk.tool_calls
         if not chunk.is_final or carries or (meta.kind == "chat" and not self._role_sent):
             choice = self._chat_choice(chunk) if meta.kind == "chat" else self._completion_choice(chunk)
             out += self._chunk_event([choice])
@@ -125,8 +130,11 @@ class SseEncoder:
         return self._envelope + orjson.dumps(choices) + b',"usage":' + usage_json + b"}\n\n"
 
     def _chat_choice(self, chunk: TokenChunk) -> dict[str, Any]:
-        delta = {"content": chunk.text} if self._role_sent else {"role": "assistant", "content": chunk.text}
+        delta: dict[str, Any] = {} if self._role_sent else {"role": "assistant"}
         self._role_sent = True
+        delta["content"] = chunk.text or (None if chunk.tool_calls else "")
+        if chunk.tool_calls:
+            delta["tool_calls"] = [_tool_call(d) for d in chunk.tool_calls]
         logprobs = None
         tops = _alternatives(chunk)
         if chunk.logprobs is not None:
@@ -158,6 +166,28 @@ class SseEncoder:
         self._offset += len(chunk.text)
         return _with_ids({"index": 0, "text": chunk.text, "logprobs": logprobs, "finish_reason": None},
                          chunk, tops)
+
+
+def _tool_call(delta: ToolCallDelta) -> dict[str, Any]:
+    """One ``delta.tool_calls`` entry: the first of a call has its id, type and name."""
+    function: dict[str, Any] = {"arguments": delta.arguments}
+    entry: dict[str, Any] = {"index": delta.index, "function": function}
+    if delta.id is not None:
+        entry["id"], entry["type"] = delta.id, "function"
+    if delta.name is not None:
+        function["name"] = delta.name
+    return entry
+
+
+def _read_tool_calls(entries: list[Any]) -> tuple[ToolCallDelta, ...]:
+    deltas = []
+    for entry in _objects(entries, "delta.tool_calls"):
+        function = _field(entry, "function", dict, "tool call", {})
+        deltas.append(ToolCallDelta(index=_field(entry, "index", int, "tool call"),
+                                    id=_field(entry, "id", (str, type(None)), "tool call", None),
+                                    name=_field(function, "name", (str, type(None)), "tool call function", None),
+                                    arguments=_field(function, "arguments", str, "tool call function", "")))
+    return tuple(deltas)
 
 
 def _token_texts(chunk: TokenChunk) -> list[str]:
@@ -245,15 +275,18 @@ class SseDecoder:
         self._index += len(chunk.token_ids)
         if chunk.is_final:
             self._final = chunk
-        elif chunk.text or chunk.token_ids or chunk.logprobs is not None:
+        elif chunk.text or chunk.token_ids or chunk.logprobs is not None or chunk.tool_calls:
             items.append(chunk)
         return items
 
     def _chunk(self, choice: dict[str, Any]) -> TokenChunk:
         meta = self._meta
         assert meta is not None  # set by the first chunk
+        calls: tuple[ToolCallDelta, ...] = ()
         if meta.kind == "chat":
-            text = _field(_field(choice, "delta", dict, "choice"), "content", (str, type(None)), "delta", None) or ""
+            delta = _field(choice, "delta", dict, "choice")
+            text = _field(delta, "content", (str, type(None)), "delta", None) or ""
+            calls = _read_tool_calls(_field(delta, "tool_calls", (list, type(None)), "delta", None) or [])
             logprobs, alternatives = _chat_logprobs(_field(choice, "logprobs", (dict, type(None)), "choice", None))
         else:
             text = _field(choice, "text", str, "choice")
@@ -270,6 +303,7 @@ class SseDecoder:
             logprobs=logprobs,
             top_logprobs=_top_logprobs(alternatives, top_ids),
             finish_reason=finish,
+            tool_calls=calls,
         )
 
 

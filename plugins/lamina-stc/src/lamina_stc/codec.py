@@ -17,10 +17,11 @@ from typing import Final
 from lamina_hookspecs.errors import CodecError
 from lamina_hookspecs.protocols import StreamItem
 from lamina_hookspecs.registration import BuildContext
-from lamina_hookspecs.types import StreamError, StreamMeta, TokenChunk, TopLogprob, Usage
+from lamina_hookspecs.types import StreamError, StreamMeta, TokenChunk, ToolCallDelta, TopLogprob, Usage
 from lamina_stc import wire
 from lamina_stc.wire import (
-    END, END_FLAGS, HAS_INDEX, HAS_LOGPROBS, HAS_TEXT, HAS_TOP_LOGPROBS, HAS_USAGE, MAX_FRAME_BYTES, ONE_BYTE,
+    END, END_FLAGS, HAS_INDEX, HAS_LOGPROBS, HAS_TEXT, HAS_TOOL_CALLS, HAS_TOP_LOGPROBS, HAS_USAGE, MAX_FRAME_BYTES,
+    ONE_BYTE,
     TOKENS, TOKENS_FLAGS, read_varint, varint,
 )
 
@@ -81,7 +82,8 @@ class StcEncoder:
         """A TOKENS frame, or the END frame for the final chunk (``finish_reason`` set)."""
         ids, text = chunk.token_ids, chunk.text
         if (len(ids) == 1 and text and chunk.index == self._position and chunk.finish_reason is None
-                and chunk.logprobs is None and chunk.top_logprobs is None and self._started and not self._ended):
+                and chunk.logprobs is None and chunk.top_logprobs is None and not chunk.tool_calls and self._started
+                and not self._ended):
             frame = _common_frame(ids[0], text)
             if frame is not None:
                 self._position += 1
@@ -115,6 +117,9 @@ class StcEncoder:
         if chunk.top_logprobs is not None:
             flags |= HAS_TOP_LOGPROBS
             body += _alternatives(chunk.top_logprobs, len(ids))
+        if chunk.tool_calls:
+            flags |= HAS_TOOL_CALLS
+            body += _tool_calls(chunk.tool_calls)
         if final:
             body += varint(_FINISH_CODES[chunk.finish_reason])  # type: ignore[index]
             if chunk.usage is not None:
@@ -214,7 +219,7 @@ class StcDecoder:
         at = 0
         if not self._started:
             head = data[:len(wire.PREAMBLE)]
-            if not wire.PREAMBLE.startswith(head):
+            if not any((wire.MAGIC + bytes((v,))).startswith(head) for v in wire.READ_VERSIONS):
                 raise CodecError(_bad_preamble(head))
             if len(head) < len(wire.PREAMBLE):
                 self._buffer += data
@@ -361,6 +366,9 @@ class StcDecoder:
         top_logprobs = None
         if flags & HAS_TOP_LOGPROBS:
             top_logprobs, at = _read_alternatives(body, at, count)
+        tool_calls: tuple[ToolCallDelta, ...] = ()
+        if flags & HAS_TOOL_CALLS:
+            tool_calls, at = _read_tool_calls(body, at)
         finish_reason = usage = None
         if final:
             code = body[at]
@@ -378,7 +386,7 @@ class StcDecoder:
             raise CodecError(f"stc: {_CHUNK_FRAMES[final]} frame has {len(body) - at} bytes after its last field")
         self._position = index + count
         return TokenChunk(request_id=meta.request_id, index=index, token_ids=tuple(ids), text=text, logprobs=logprobs,
-                          top_logprobs=top_logprobs, finish_reason=finish_reason, usage=usage)
+                          top_logprobs=top_logprobs, finish_reason=finish_reason, usage=usage, tool_calls=tool_calls)
 
     def _error(self, body: bytes) -> StreamError:
         message, at = wire.read_string(body, 1, wire.MAX_MESSAGE_BYTES, "error message")
@@ -407,6 +415,32 @@ def _read_alternatives(body: bytes, at: int, count: int) -> tuple[tuple[tuple[To
     return tuple(rows), at
 
 
+def _tool_calls(deltas: Sequence[ToolCallDelta]) -> bytes:
+    if len(deltas) > wire.MAX_TOOL_CALLS:
+        raise CodecError(f"stc: {len(deltas)} tool-call fragments in one chunk; the limit is {wire.MAX_TOOL_CALLS}")
+    out = bytearray(varint(len(deltas)))
+    for delta in deltas:
+        out += varint(delta.index)
+        out += wire.optional_string(delta.id, wire.MAX_NAME_BYTES, "tool call id")
+        out += wire.optional_string(delta.name, wire.MAX_NAME_BYTES, "tool name")
+        out += wire.string(delta.arguments, MAX_FRAME_BYTES, "tool call arguments")
+    return bytes(out)
+
+
+def _read_tool_calls(body: bytes, at: int) -> tuple[tuple[ToolCallDelta, ...], int]:
+    size, at = read_varint(body, at)
+    if not 1 <= size <= wire.MAX_TOOL_CALLS:
+        raise CodecError(f"stc: {size} tool-call fragments in one chunk; 1 to {wire.MAX_TOOL_CALLS} are allowed")
+    deltas = []
+    for _ in range(size):
+        index, at = read_varint(body, at)
+        call_id, at = wire.read_optional_string(body, at, wire.MAX_NAME_BYTES, "tool call id")
+        name, at = wire.read_optional_string(body, at, wire.MAX_NAME_BYTES, "tool name")
+        arguments, at = wire.read_string(body, at, MAX_FRAME_BYTES, "tool call arguments")
+        deltas.append(ToolCallDelta(index=index, id=call_id, name=name, arguments=arguments))
+    return tuple(deltas), at
+
+
 def _check_consumed(body: bytes, at: int, name: str) -> None:
     if at != len(body):
         raise CodecError(f"stc: {name} frame has {len(body) - at} bytes after its last field")
@@ -414,7 +448,8 @@ def _check_consumed(body: bytes, at: int, name: str) -> None:
 
 def _bad_preamble(start: bytes) -> str:
     if start[:len(wire.MAGIC)] == wire.MAGIC:
-        return f"stc: unsupported version {start[len(wire.MAGIC)]}; this reader knows version {wire.VERSION}"
+        return (f"stc: unsupported version {start[len(wire.MAGIC)]}; this reader knows versions "
+                f"{', '.join(map(str, wire.READ_VERSIONS))}")
     return f"stc: not an STC stream: it starts with {start.hex(' ')}, not {wire.PREAMBLE.hex(' ')}"
 
 

@@ -14,9 +14,11 @@ from lamina_hookspecs.errors import CodecError
 from lamina_hookspecs.types import FinishReason
 
 MAGIC: Final = b"LSTC"
-VERSION: Final = 1
+VERSION: Final = 2
 PREAMBLE: Final = MAGIC + bytes((VERSION,))
-"""The first five bytes of every stream."""
+"""The first five bytes of every stream written."""
+READ_VERSIONS: Final = (1, 2)
+"""The versions a reader takes: version 1 is version 2 without tool calls."""
 
 HEADER: Final = 0x01
 TOKENS: Final = 0x02
@@ -29,11 +31,12 @@ HAS_LOGPROBS: Final = 0x02
 HAS_TOP_LOGPROBS: Final = 0x04
 HAS_INDEX: Final = 0x08
 HAS_USAGE: Final = 0x10
-TOKENS_FLAGS: Final = HAS_TEXT | HAS_LOGPROBS | HAS_TOP_LOGPROBS | HAS_INDEX
+HAS_TOOL_CALLS: Final = 0x20
+TOKENS_FLAGS: Final = HAS_TEXT | HAS_LOGPROBS | HAS_TOP_LOGPROBS | HAS_INDEX | HAS_TOOL_CALLS
 END_FLAGS: Final = TOKENS_FLAGS | HAS_USAGE
 
 KINDS: Final[tuple[Literal["completion", "chat"], ...]] = ("completion", "chat")
-FINISH_REASONS: Final[tuple[FinishReason, ...]] = ("stop", "length", "abort", "error")
+FINISH_REASONS: Final[tuple[FinishReason, ...]] = ("stop", "length", "abort", "error", "tool_calls")
 INCLUDE_USAGE: Final = (None, False, True)
 """``StreamMeta.include_usage`` by its code in the HEADER frame's options byte (bits 0-1)."""
 INCLUDE_USAGE_MASK: Final = 0x03
@@ -46,6 +49,8 @@ MAX_MESSAGE_BYTES: Final = 1 << 16
 """Largest error message."""
 MAX_TOP_LOGPROBS: Final = 64
 """Most alternatives per token."""
+MAX_TOOL_CALLS: Final = 64
+"""Most tool-call fragments per chunk."""
 MAX_VARINT: Final = (1 << 64) - 1
 
 ONE_BYTE: Final = [bytes((value,)) for value in range(0x80)]

@@ -36,9 +36,10 @@ CHAT_PATH = "/v1/chat/completions"
 COMPLETION_PATH = "/v1/completions"
 
 
-def upstream_messages(request: Request) -> list[dict[str, str]]:
-    """``request``'s chat messages as OpenAI JSON."""
-    return [{"role": m.role, "content": m.content} for m in request.messages or ()]
+def upstream_messages(request: Request) -> list[dict[str, Any]]:
+    """``request``'s chat messages as OpenAI JSON. Lamina's tool parser reads the calls out of the
+    reply, so tools go as text: its instructions and the calls of earlier turns."""
+    return request.template_messages(template_takes_tools=False)
 
 
 def upstream_call(request: Request, model: str, engine: Engine) -> tuple[str, dict[str, Any]]:

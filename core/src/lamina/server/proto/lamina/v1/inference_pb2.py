@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19lamina/v1/inference.proto\x12\tlamina.v1\"\xe3\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x13.lamina.v1.TokenIdsH\x00\x12\x1f\n\x04\x63hat\x18\x05 \x01(\x0b\x32\x0f.lamina.v1.ChatH\x00\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.lamina.v1.SamplingParams\x12\x0c\n\x04user\x18\x07 \x01(\t\x12\r\n\x05\x63odec\x18\x08 \x01(\tB\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"0\n\x04\x43hat\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.lamina.v1.ChatMessage\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xc7\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x10\n\x08logprobs\x18\x08 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\t \x01(\r\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x18\n\x10presence_penalty\x18\x0b \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x0c \x01(\x01\x12\x1f\n\x12repetition_penalty\x18\r \x01(\x01H\x04\x88\x01\x01\x12<\n\nlogit_bias\x18\x0e \x03(\x0b\x32(.lamina.v1.SamplingParams.LogitBiasEntry\x12\r\n\x05min_p\x18\x0f \x01(\x01\x12\x12\n\nmin_tokens\x18\x10 \x01(\r\x12\x38\n\x12structured_outputs\x18\x11 \x01(\x0b\x32\x1c.lamina.v1.StructuredOutputs\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x15\n\x13_repetition_penalty\"\x92\x01\n\x11StructuredOutputs\x12\x0e\n\x04json\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12$\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x12.lamina.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x42\x0c\n\nconstraint\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\xdb\x01\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12,\n\x0ctop_logprobs\x18\x06 \x03(\x0b\x32\x16.lamina.v1.TopLogprobs\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\x12\x1f\n\x05usage\x18\x08 \x01(\x0b\x32\x10.lamina.v1.Usage\x12\x0e\n\x06\x66rames\x18\x0f \x01(\x0c\":\n\x0bTopLogprobs\x12+\n\x0c\x61lternatives\x18\x01 \x03(\x0b\x32\x15.lamina.v1.TopLogprob\"=\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"a\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x0f\n\x07queue_s\x18\x04 \x01(\x01\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x0c\n\nAbortReply\"\x13\n\x11ListModelsRequest\"7\n\x0fListModelsReply\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.lamina.v1.ModelInfo\"A\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\r\x12\x10\n\x08owned_by\x18\x03 \x01(\t\"\x11\n\x0fGetStateRequest\"\x95\x02\n\x11\x42\x61\x63kendStateReply\x12\x0f\n\x07healthy\x18\x01 \x01(\x08\x12\x10\n\x08\x64raining\x18\x02 \x01(\x08\x12\x1c\n\x14outstanding_requests\x18\x03 \x01(\r\x12\x1a\n\x12outstanding_tokens\x18\x04 \x01(\x04\x12\x13\n\x0bqueue_depth\x18\x05 \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x06 \x01(\x04\x12\x17\n\x0fkv_blocks_total\x18\x07 \x01(\x04\x12\x1d\n\x10recent_latency_s\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12\x14\n\x0ctokens_per_s\x18\t \x01(\x01\x12\x13\n\x0bpreemptions\x18\n \x01(\x04\x42\x13\n\x11_recent_latency_s2\x96\x02\n\tInference\x12\x42\n\x08Generate\x12\x1a.lamina.v1.GenerateRequest\x1a\x18.lamina.v1.GenerateChunk0\x01\x12\x37\n\x05\x41\x62ort\x12\x17.lamina.v1.AbortRequest\x1a\x15.lamina.v1.AbortReply\x12\x46\n\nListModels\x12\x1c.lamina.v1.ListModelsRequest\x1a\x1a.lamina.v1.ListModelsReply\x12\x44\n\x08GetState\x12\x1a.lamina.v1.GetStateRequest\x1a\x1c.lamina.v1.BackendStateReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19lamina/v1/inference.proto\x12\tlamina.v1\"\xe3\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x13.lamina.v1.TokenIdsH\x00\x12\x1f\n\x04\x63hat\x18\x05 \x01(\x0b\x32\x0f.lamina.v1.ChatH\x00\x12+\n\x08sampling\x18\x06 \x01(\x0b\x32\x19.lamina.v1.SamplingParams\x12\x0c\n\x04user\x18\x07 \x01(\t\x12\r\n\x05\x63odec\x18\x08 \x01(\tB\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xc7\x01\n\x04\x43hat\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.lamina.v1.ChatMessage\x12\x1e\n\x05tools\x18\x02 \x03(\x0b\x32\x0f.lamina.v1.Tool\x12\x13\n\ttool_mode\x18\x03 \x01(\tH\x00\x12\x17\n\rtool_function\x18\x04 \x01(\tH\x00\x12 \n\x13parallel_tool_calls\x18\x05 \x01(\x08H\x01\x88\x01\x01\x42\r\n\x0btool_choiceB\x16\n\x14_parallel_tool_calls\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"k\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x14\n\x0ctool_call_id\x18\x03 \x01(\t\x12\'\n\ntool_calls\x18\x04 \x03(\x0b\x32\x13.lamina.v1.ToolCall\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\xc7\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x11\n\x04seed\x18\x05 \x01(\x03H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\r\x12\x10\n\x08logprobs\x18\x08 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\t \x01(\r\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x18\n\x10presence_penalty\x18\x0b \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x0c \x01(\x01\x12\x1f\n\x12repetition_penalty\x18\r \x01(\x01H\x04\x88\x01\x01\x12<\n\nlogit_bias\x18\x0e \x03(\x0b\x32(.lamina.v1.SamplingParams.LogitBiasEntry\x12\r\n\x05min_p\x18\x0f \x01(\x01\x12\x12\n\nmin_tokens\x18\x10 \x01(\r\x12\x38\n\x12structured_outputs\x18\x11 \x01(\x0b\x32\x1c.lamina.v1.StructuredOutputs\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x15\n\x13_repetition_penalty\"\x92\x01\n\x11StructuredOutputs\x12\x0e\n\x04json\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12$\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x12.lamina.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x42\x0c\n\nconstraint\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\x89\x02\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x10\n\x08logprobs\x18\x05 \x03(\x02\x12,\n\x0ctop_logprobs\x18\x06 \x03(\x0b\x32\x16.lamina.v1.TopLogprobs\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\x12\x1f\n\x05usage\x18\x08 \x01(\x0b\x32\x10.lamina.v1.Usage\x12,\n\ntool_calls\x18\t \x03(\x0b\x32\x18.lamina.v1.ToolCallDelta\x12\x0e\n\x06\x66rames\x18\x0f \x01(\x0c\"e\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0f\n\x02id\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x11\n\x04name\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x11\n\targuments\x18\x04 \x01(\tB\x05\n\x03_idB\x07\n\x05_name\":\n\x0bTopLogprobs\x12+\n\x0c\x61lternatives\x18\x01 \x03(\x0b\x32\x15.lamina.v1.TopLogprob\"=\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\"a\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x15\n\rcached_tokens\x18\x03 \x01(\r\x12\x0f\n\x07queue_s\x18\x04 \x01(\x01\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x0c\n\nAbortReply\"\x13\n\x11ListModelsRequest\"7\n\x0fListModelsReply\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.lamina.v1.ModelInfo\"A\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontext_length\x18\x02 \x01(\r\x12\x10\n\x08owned_by\x18\x03 \x01(\t\"\x11\n\x0fGetStateRequest\"\x95\x02\n\x11\x42\x61\x63kendStateReply\x12\x0f\n\x07healthy\x18\x01 \x01(\x08\x12\x10\n\x08\x64raining\x18\x02 \x01(\x08\x12\x1c\n\x14outstanding_requests\x18\x03 \x01(\r\x12\x1a\n\x12outstanding_tokens\x18\x04 \x01(\x04\x12\x13\n\x0bqueue_depth\x18\x05 \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x06 \x01(\x04\x12\x17\n\x0fkv_blocks_total\x18\x07 \x01(\x04\x12\x1d\n\x10recent_latency_s\x18\x08 \x01(\x01H\x00\x88\x01\x01\x12\x14\n\x0ctokens_per_s\x18\t \x01(\x01\x12\x13\n\x0bpreemptions\x18\n \x01(\x04\x42\x13\n\x11_recent_latency_s2\x96\x02\n\tInference\x12\x42\n\x08Generate\x12\x1a.lamina.v1.GenerateRequest\x1a\x18.lamina.v1.GenerateChunk0\x01\x12\x37\n\x05\x41\x62ort\x12\x17.lamina.v1.AbortRequest\x1a\x15.lamina.v1.AbortReply\x12\x46\n\nListModels\x12\x1c.lamina.v1.ListModelsRequest\x1a\x1a.lamina.v1.ListModelsReply\x12\x44\n\x08GetState\x12\x1a.lamina.v1.GetStateRequest\x1a\x1c.lamina.v1.BackendStateReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,40 +37,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST']._serialized_end=268
   _globals['_TOKENIDS']._serialized_start=270
   _globals['_TOKENIDS']._serialized_end=293
-  _globals['_CHAT']._serialized_start=295
-  _globals['_CHAT']._serialized_end=343
-  _globals['_CHATMESSAGE']._serialized_start=345
-  _globals['_CHATMESSAGE']._serialized_end=389
-  _globals['_SAMPLINGPARAMS']._serialized_start=392
-  _globals['_SAMPLINGPARAMS']._serialized_end=975
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=854
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=902
-  _globals['_STRUCTUREDOUTPUTS']._serialized_start=978
-  _globals['_STRUCTUREDOUTPUTS']._serialized_end=1124
-  _globals['_CHOICES']._serialized_start=1126
-  _globals['_CHOICES']._serialized_end=1152
-  _globals['_GENERATECHUNK']._serialized_start=1155
-  _globals['_GENERATECHUNK']._serialized_end=1374
-  _globals['_TOPLOGPROBS']._serialized_start=1376
-  _globals['_TOPLOGPROBS']._serialized_end=1434
-  _globals['_TOPLOGPROB']._serialized_start=1436
-  _globals['_TOPLOGPROB']._serialized_end=1497
-  _globals['_USAGE']._serialized_start=1499
-  _globals['_USAGE']._serialized_end=1596
-  _globals['_ABORTREQUEST']._serialized_start=1598
-  _globals['_ABORTREQUEST']._serialized_end=1632
-  _globals['_ABORTREPLY']._serialized_start=1634
-  _globals['_ABORTREPLY']._serialized_end=1646
-  _globals['_LISTMODELSREQUEST']._serialized_start=1648
-  _globals['_LISTMODELSREQUEST']._serialized_end=1667
-  _globals['_LISTMODELSREPLY']._serialized_start=1669
-  _globals['_LISTMODELSREPLY']._serialized_end=1724
-  _globals['_MODELINFO']._serialized_start=1726
-  _globals['_MODELINFO']._serialized_end=1791
-  _globals['_GETSTATEREQUEST']._serialized_start=1793
-  _globals['_GETSTATEREQUEST']._serialized_end=1810
-  _globals['_BACKENDSTATEREPLY']._serialized_start=1813
-  _globals['_BACKENDSTATEREPLY']._serialized_end=2090
-  _globals['_INFERENCE']._serialized_start=2093
-  _globals['_INFERENCE']._serialized_end=2371
+  _globals['_CHAT']._serialized_start=296
+  _globals['_CHAT']._serialized_end=495
+  _globals['_TOOL']._serialized_start=497
+  _globals['_TOOL']._serialized_end=558
+  _globals['_CHATMESSAGE']._serialized_start=560
+  _globals['_CHATMESSAGE']._serialized_end=667
+  _globals['_TOOLCALL']._serialized_start=669
+  _globals['_TOOLCALL']._serialized_end=724
+  _globals['_SAMPLINGPARAMS']._serialized_start=727
+  _globals['_SAMPLINGPARAMS']._serialized_end=1310
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=1189
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=1237
+  _globals['_STRUCTUREDOUTPUTS']._serialized_start=1313
+  _globals['_STRUCTUREDOUTPUTS']._serialized_end=1459
+  _globals['_CHOICES']._serialized_start=1461
+  _globals['_CHOICES']._serialized_end=1487
+  _globals['_GENERATECHUNK']._serialized_start=1490
+  _globals['_GENERATECHUNK']._serialized_end=1755
+  _globals['_TOOLCALLDELTA']._serialized_start=1757
+  _globals['_TOOLCALLDELTA']._serialized_end=1858
+  _globals['_TOPLOGPROBS']._serialized_start=1860
+  _globals['_TOPLOGPROBS']._serialized_end=1918
+  _globals['_TOPLOGPROB']._serialized_start=1920
+  _globals['_TOPLOGPROB']._serialized_end=1981
+  _globals['_USAGE']._serialized_start=1983
+  _globals['_USAGE']._serialized_end=2080
+  _globals['_ABORTREQUEST']._serialized_start=2082
+  _globals['_ABORTREQUEST']._serialized_end=2116
+  _globals['_ABORTREPLY']._serialized_start=2118
+  _globals['_ABORTREPLY']._serialized_end=2130
+  _globals['_LISTMODELSREQUEST']._serialized_start=2132
+  _globals['_LISTMODELSREQUEST']._serialized_end=2151
+  _globals['_LISTMODELSREPLY']._serialized_start=2153
+  _globals['_LISTMODELSREPLY']._serialized_end=2208
+  _globals['_MODELINFO']._serialized_start=2210
+  _globals['_MODELINFO']._serialized_end=2275
+  _globals['_GETSTATEREQUEST']._serialized_start=2277
+  _globals['_GETSTATEREQUEST']._serialized_end=2294
+  _globals['_BACKENDSTATEREPLY']._serialized_start=2297
+  _globals['_BACKENDSTATEREPLY']._serialized_end=2574
+  _globals['_INFERENCE']._serialized_start=2577
+  _globals['_INFERENCE']._serialized_end=2855
 # @@protoc_insertion_point(module_scope)
