@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 import openai
 import pydantic
@@ -43,6 +44,12 @@ def test_openai_client_gets_the_reference_greedy_tokens_and_clients_that_leave_f
                                        temperature=0, logit_bias={str(paris): -100}, stream=True,
                                        extra_body={"repetition_penalty": 1.1, "min_p": 0.05})
     assert paris not in [t for e in banned if e.choices for t in (e.choices[0].model_extra or {}).get("token_ids", [])]
+
+    ids = httpx.post(f"{server.url}/tokenize", json={"model": "smollm2-135m-instruct", "prompt": prompt["prompt"]}
+                     ).json()["tokens"]
+    echoed = client.completions.create(model="smollm2-135m-instruct", prompt=ids, echo=True, max_tokens=2,
+                                       temperature=0)
+    assert echoed.choices[0].text.startswith(prompt["prompt"]) and len(echoed.choices[0].text) > len(prompt["prompt"])
 
     structured_outputs_through_the_client(client)
     tool_calls_through_the_client(client)

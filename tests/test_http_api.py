@@ -173,3 +173,15 @@ def test_an_executor_failure_fails_only_that_request(live: Any) -> None:
         b"data: [DONE]\n\n")
     assert httpx.post(f"{server.url}/v1/completions", json={"model": "flaky", "prompt": "fine"}).status_code == 200
     assert InternalError.http_status == 500
+
+
+def test_echo_puts_the_prompt_before_the_completion(echo: Any) -> None:
+    c = client(echo)
+    assert c.completions.create(model="echo", prompt="x y", echo=True).choices[0].text == "x yx y"
+    streamed = [e.choices[0].text for e in c.completions.create(model="echo", prompt="p q", echo=True, stream=True)
+                if e.choices]
+    assert streamed[0] == "p qp" and "".join(streamed) == "p qp q"
+    for body, rule in (({"prompt": [5, 7]}, "cannot decode"), ({"prompt": "x", "logprobs": 1}, "logprobs")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            c.completions.create(model="echo", echo=True, **body)
+        assert refused.value.body["param"] == "echo" and rule in refused.value.body["message"]

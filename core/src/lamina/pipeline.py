@@ -18,9 +18,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
+import attrs
 import structlog
 
-from lamina_hookspecs.errors import BackendLostError, InternalError, LaminaError
+from lamina_hookspecs.errors import (BackendLostError, InternalError, InvalidRequestError, LaminaError,
+                                     TokenizerNotAvailableError)
+from lamina_hookspecs.protocols import Executor, Tokenizes
 from lamina_hookspecs.types import FinishReason, Request, RequestContext, TokenChunk
 from lamina import tool_calls
 from lamina.ab import arm_label
@@ -28,6 +31,19 @@ from lamina.lifecycle import notify, wrap_request
 from lamina.stack import Stack
 
 log = structlog.get_logger(__name__)
+
+
+async def _prompt_text(executor: Executor, request: Request) -> str:
+    """The text of a completion's prompt, for ``echo``: as given, or its ids decoded by the executor."""
+    if request.prompt_token_ids is None:
+        return request.prompt or ""
+    try:
+        if isinstance(executor, Tokenizes):
+            return await executor.detokenize(request.prompt_token_ids)
+    except TokenizerNotAvailableError:
+        pass
+    raise InvalidRequestError("echo: a prompt of token ids is echoed as their text, which this model's backend "
+                              "cannot decode; send the prompt as text", param="echo")
 
 
 async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any],
@@ -60,12 +76,16 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
                 structlog.contextvars.bind_contextvars(backend=backend.name, arm=arm_label(ctx.arms))
                 stack.admission.started(backend.name, time.monotonic())
                 await notify(pm, "lamina_request_routed", ctx=ctx)
-                stream = stack.backends[backend.name].generate(request)
+                executor = stack.backends[backend.name]
+                echo = await _prompt_text(executor, request) if request.echo else ""
+                stream = executor.generate(request)
                 calls = tool_calls.reader(stack.tool_parser, request)
                 chunks = stream if calls is None else tool_calls.read_calls(stream, calls)
                 sent = False
                 try:
                     async for chunk in chunks:
+                        if echo:
+                            chunk, echo = attrs.evolve(chunk, text=echo + chunk.text), ""
                         if ctx.first_token_at is None and chunk.token_ids:
                             ctx.first_token_at = time.monotonic()
                             await notify(pm, "lamina_request_first_token", ctx=ctx)

@@ -209,7 +209,8 @@ class Request:
     ``tenant`` is the isolation key (from the API key), ``user`` the client's own label.
     ``max_queue_wait_s`` is the longest the client will wait for the request to start (the
     ``X-Lamina-Max-Queue-Wait`` header); an executor that queues holds it to the tighter of
-    this and its own bound.
+    this and its own bound. With ``echo`` (a completion) the output text starts with the
+    prompt's: core prepends it to the first chunk.
 
     ``tools`` are the functions a chat may call, as ``tool_choice`` allows (``parallel_tool_calls``:
     more than one per reply). Core's tool parser reads the calls from the output and sets
@@ -232,6 +233,7 @@ class Request:
     stream: bool = True
     arrival_time: float = attrs.field(factory=time.monotonic)
     max_queue_wait_s: float | None = None
+    echo: bool = False
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=tuple)
     tool_choice: ToolChoice = ToolChoice()
     parallel_tool_calls: bool = True

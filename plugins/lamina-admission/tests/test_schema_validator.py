@@ -302,7 +302,7 @@ INVALID = [
     ("completion", {**COMPLETION, "prompt": [["a"]]}, "prompt[0][0]", "must be an integer"),
     ("completion", {**COMPLETION, "logprobs": 6}, "logprobs", "must be <= 5"),
     ("completion", {**COMPLETION, "logprobs": True}, "logprobs", "must be an integer or null"),
-    ("completion", {**COMPLETION, "echo": True}, "echo", "must be false"),
+    ("completion", {**COMPLETION, "echo": 1}, "echo", "must be a boolean or null"),
     ("completion", {**COMPLETION, "best_of": 2}, "best_of", "must be 1"),
     ("completion", {**COMPLETION, "suffix": "x"}, "suffix", "not supported"),
     ("completion", {**COMPLETION, "max_completion_tokens": 5}, "max_completion_tokens",
@@ -392,6 +392,7 @@ def _quirk(endpoint: str, body: Any) -> str | None:
       The schema lets them through and the parser still answers 400 (draft-07 cannot say it).
     * The parser compares the one supported value with Python's ``==``, so ``n: true`` slips
       through it; JSON equality keeps ``true`` apart from ``1``, so the schema refuses it.
+    * ``echo`` with ``logprobs`` the parser refuses (the prompt's logprobs are not returned yet).
     * Tools must have different names, and ``tool_choice`` must be ``required`` only with tools and
       name one of them: the parser checks, the schema cannot.
     * ``min_tokens`` above ``max_tokens`` (one field bounded by another) the parser refuses;
@@ -432,6 +433,8 @@ def _quirk(endpoint: str, body: Any) -> str | None:
     limit = body.get("max_tokens") if limit is None else limit
     if isinstance(limit, int) and isinstance(body.get("min_tokens"), int) and body["min_tokens"] > limit:
         return "min_tokens above max_tokens"
+    if endpoint == "completion" and body.get("echo") is True and body.get("logprobs") is not None:
+        return "echo with logprobs"
     tools = body.get("tools") if isinstance(body.get("tools"), list) else []
     names = [t["function"].get("name") for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)]
     choice = body.get("tool_choice")
@@ -449,6 +452,7 @@ KNOWN_DIFFERENCES = [
     ("chat", {**CHAT, "n": True}, True, False),
     ("completion", {**COMPLETION, "best_of": True}, True, False),
     ("chat", {**CHAT, "max_tokens": 2, "min_tokens": 3}, False, True),
+    ("completion", {**COMPLETION, "echo": True, "logprobs": 1}, False, True),
     ("chat", {**CHAT, "tools": [TOOL, TOOL]}, False, True),
     ("chat", {**CHAT, "tool_choice": "required"}, False, True),
     ("chat", {**CHAT, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, False, True),
@@ -511,7 +515,7 @@ _VALID = {
     "top_p": st.none() | st.floats(0, 1, exclude_min=True) | st.just(1),
     "top_k": st.none() | st.integers(-1, 100), "seed": st.none() | st.integers(-2**63, 2**63 - 1),
     "stop": st.none() | _NONEMPTY | st.lists(_NONEMPTY, max_size=4),
-    "n": _one(1, 1.0), "best_of": _one(1), "echo": _one(False), "suffix": _one(),
+    "n": _one(1, 1.0), "best_of": _one(1), "echo": st.none() | st.booleans(), "suffix": _one(),
     "presence_penalty": st.none() | st.floats(-2, 2), "frequency_penalty": st.none() | st.integers(-2, 2),
     "repetition_penalty": st.none() | st.floats(0, 10, exclude_min=True), "min_p": st.none() | st.floats(0, 1),
     "min_tokens": st.none() | st.integers(0, 1),

@@ -91,9 +91,8 @@ def _check_fields(body: Mapping[str, Any], known: set[str]) -> None:
         raise _fail("model", "required: the id of a model from GET /v1/models")
     _only(body, "n", lambda v: v == 1, "n = 1")
     _only(body, "best_of", lambda v: v == 1, "best_of = 1")
-    _only(body, "echo", lambda v: v is False, "echo = false")
     _only(body, "suffix", lambda v: False, "no suffix")
-    for key in ("stream", "ignore_eos", "parallel_tool_calls"):
+    for key in ("stream", "ignore_eos", "parallel_tool_calls", "echo"):
         if body.get(key) is not None and not isinstance(body[key], bool):
             raise _fail(key, f"must be true or false; got {body[key]!r}")
     options = body.get("stream_options")
@@ -231,8 +230,11 @@ def parse_completion(body: Mapping[str, Any], request_id: str, tenant: str) -> R
     logprobs = _integer(body, "logprobs", 0, None)
     if logprobs is not None and logprobs > 5:
         raise _fail("logprobs", f"must be between 0 and 5; got {logprobs}")
+    echo = _flag(body, "echo", False)
+    if echo and logprobs is not None:
+        raise _fail("echo", "with logprobs it needs the prompt's logprobs, which Lamina does not return yet")
     return Request(id=request_id, model=body["model"], prompt=text, prompt_token_ids=ids, tenant=tenant,
-                   user=_user(body), stream=bool(body.get("stream", False)),
+                   user=_user(body), stream=bool(body.get("stream", False)), echo=echo,
                    sampling=_sampling(body, "max_tokens", 16, logprobs is not None, logprobs or 0))
 
 

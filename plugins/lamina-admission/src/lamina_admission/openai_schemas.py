@@ -196,7 +196,7 @@ def completion_schema(*, max_prompt_chars: int = 1_000_000, max_tokens_limit: in
         **_common(max_tokens_limit),
         "prompt": prompt,
         "logprobs": {**_nullable("integer"), "minimum": 0, "maximum": MAX_COMPLETION_LOGPROBS},
-        "echo": _only(False, "echo is not supported"),
+        "echo": _nullable("boolean"),
         "best_of": _only(1, "Lamina returns one choice per request"),
         "suffix": {"type": "null", "errorMessage": "not supported", "description": "suffix is not supported"},
     }
