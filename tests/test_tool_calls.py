@@ -139,3 +139,33 @@ def test_a_template_without_tools_gets_the_instructions_and_the_calls_as_text() 
     text = with_tools.render(request.template_messages(template_takes_tools=True),
                              tools=[t.to_openai() for t in request.tools])
     assert text.startswith(json.dumps([WEATHER], ensure_ascii=False)) and '"arguments": {"city": "Paris"}' in text
+
+
+@pytest.mark.parametrize("name", ["hermes", "llama3-json", "json"])
+def test_a_required_call_sampled_from_a_random_model_is_always_a_valid_call(
+        live: Callable[..., Any], tmp_path: Any, name: str) -> None:
+    """The tiny random model at temperature 1, with each parser: under ``required`` every reply is
+    calls of the offered tools whose arguments hold against their schemas (the grammar decides)."""
+    import jsonschema
+    from lamina_jax.testing import write_tiny_gguf
+
+    model = write_tiny_gguf(tmp_path / "tiny-llama.gguf", seed=3)
+    template = "{% if tools %}{% endif %}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    server = live({"executor": {"use": "jax", "model": str(model), "kv_cache_mb": 1, "weights_dtype": "float32",
+                                "chat_template": template},  # it takes tools: the prompt fits the tiny model
+                   "tool_parser": {"use": name}})
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    small = {"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "required": ["n", "ok"], "properties": {
+            "n": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"}}}}}
+    weather = dict(WEATHER, function={**WEATHER["function"], "parameters": {
+        **WEATHER["function"]["parameters"], "properties": {"city": {"type": "string", "maxLength": 8}}}})
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (weather, small)}
+    for seed in range(4):
+        reply = client.chat.completions.create(model="tiny-llama", messages=_ask("go"), tools=[weather, small],
+                                               tool_choice="required", parallel_tool_calls=False, temperature=1.0,
+                                               seed=seed, max_tokens=200)
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls", choice.message.content
+        (call,) = choice.message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
