@@ -1,10 +1,11 @@
 """The ``jax`` executor: the Executor protocol over the engine thread.
 
-``generate`` tokenizes on the event loop (the chat template for messages), compiles a structured
-output's grammar (`structured_output`), checks the request against the context window, the KV
-pool and the queue's bounds (its length, and with a ``max_queue_wait_s``, the option's or the
-tighter one the request carries, the wait the queue ahead already means), and returns an async
-iterator fed by the engine thread through an ``asyncio.Queue``. Closing it early aborts the
+``generate`` tokenizes on the event loop (the chat template for messages), checks the request
+against the context window, the KV pool and the queue's bounds (its length, and with a
+``max_queue_wait_s``, the option's or the tighter one the request carries, the wait the queue
+ahead already means), and returns an async iterator fed by the engine thread through an
+``asyncio.Queue``; before its first chunk, that iterator compiles a structured output's grammar
+(`structured_output`) on a worker thread (a 400 when it does not compile). Closing it early aborts the
 request in the engine, which frees its KV blocks at the next step boundary.
 """
 
@@ -37,7 +38,7 @@ from lamina_jax.options import BUILTIN_MODEL, JaxOptions
 from lamina_jax.sampling import BIAS_ENTRIES, request_key
 from lamina_jax.scheduler import Scheduler
 from lamina_jax.sequence import Sequence
-from lamina_jax.structured_output import Grammars, Matcher
+from lamina_jax.structured_output import Grammars
 from lamina_jax.chat_template import ChatTemplateError
 from lamina_jax.tokenizer import Tokenizer
 from lamina_jax.weight_formats import cast, configure
@@ -227,9 +228,6 @@ class JaxExecutor:
         if not ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
         self._check_bias(request.sampling)
-        structured = request.sampling.structured
-        assert self.grammars is not None
-        matcher = None if structured is None else self.grammars.matcher(structured)
         limit = self.model.context_length
         budget = request.sampling.max_tokens or limit - len(ids)
         if budget < 1 or len(ids) + budget > limit:
@@ -245,11 +243,13 @@ class JaxExecutor:
                 f"the server is overloaded: a new request would wait about {expected:.0f} s to start, longer than "
                 f"max_queue_wait_s ({bound:g} s)", code="overloaded", retry_after=min(expected, 60.0))
         return self._stream(engine, attrs.evolve(request, max_queue_wait_s=bound,
-                                                 sampling=attrs.evolve(request.sampling, max_tokens=budget)), ids,
-                            matcher)
+                                                 sampling=attrs.evolve(request.sampling, max_tokens=budget)), ids)
 
-    async def _stream(self, engine: Engine, request: Request, ids: list[int],
-                      matcher: Matcher | None) -> AsyncIterator[TokenChunk]:
+    async def _stream(self, engine: Engine, request: Request, ids: list[int]) -> AsyncIterator[TokenChunk]:
+        structured, grammars = request.sampling.structured, self.grammars
+        assert grammars is not None
+        # llguidance compiles without the GIL: a large schema does not hold up the event loop
+        matcher = None if structured is None else await asyncio.to_thread(grammars.matcher, structured)
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[TokenChunk | LaminaError] = asyncio.Queue()
 
