@@ -109,6 +109,11 @@ class ServerConfig:
     strict_fields: bool = attrs.field(default=False, metadata={
         "help": "refuse request fields Lamina does not know with a 400, as OpenAI does; by default they are "
                 "ignored, named in one warning log line per request and in the x-lamina-ignored-fields header"})
+    compute_nice: int = attrs.field(
+        default=10, validator=[attrs.validators.ge(0), attrs.validators.le(19)], metadata={
+            "help": "once the model is loaded, how much lower the CPU priority of the process's other threads "
+                    "(the engine, XLA's compute pool) is than the event loop's, so that answers and refusals "
+                    "do not wait for a core (Linux; 0: the same)"})
 
 
 @attrs.frozen(kw_only=True)

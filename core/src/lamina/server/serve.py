@@ -3,7 +3,8 @@
 
 One asyncio loop runs uvicorn (HTTP) and ``grpc.aio`` (gRPC). The listeners start at once
 so that ``/health`` answers while the model loads; ``/ready`` (and the gRPC health service)
-turn ready when every executor has started. SIGTERM (or Ctrl-C) drains: new requests get
+turn ready when every executor has started, and then the process's other threads drop to a
+lower CPU priority (``server.compute_nice``, :mod:`lamina.server.priority`). SIGTERM (or Ctrl-C) drains: new requests get
 503 / UNAVAILABLE, in-flight streams run to completion for up to
 ``server.drain_timeout_s``; requests still running then are aborted (HTTP: 503 ``shutdown``;
 gRPC: a ``finish_reason="abort"`` chunk), one log line counts them, and the process stops the
@@ -28,6 +29,7 @@ from starlette.applications import Starlette
 
 from lamina.server.grpc_service import InferenceService, start_grpc
 from lamina.server.http import Server
+from lamina.server.priority import lower_other_threads
 from lamina.stack import Stack
 
 log = structlog.get_logger(__name__)
@@ -107,10 +109,12 @@ def warn_if_open(stack: Stack, host: str) -> bool:
 
 
 def build_app(stack: Stack, http: Server, grpc: InferenceService | None = None,
-              on_start_failed: Callable[[Exception], None] | None = None) -> Starlette:
+              on_start_failed: Callable[[Exception], None] | None = None,
+              on_started: Callable[[], None] | None = None) -> Starlette:
     """The ASGI app, whose lifespan starts the stack in the background (and the gRPC server,
     when given) and stops them at exit. If the stack fails to start, ``on_start_failed`` is
-    called with the error (`serve` exits with it); without one, /ready stays 503."""
+    called with the error (`serve` exits with it); without one, /ready stays 503. Once it has
+    started, ``on_started`` is called on the event loop."""
     app = http.app()
     settings = stack.config.server
 
@@ -126,6 +130,8 @@ def build_app(stack: Stack, http: Server, grpc: InferenceService | None = None,
             return
         models = ", ".join(sorted({e.model.id for e in stack.backends.values()}))
         _say(f"ready in {time.monotonic() - began:.1f}s: serving {models}")
+        if on_started is not None:
+            on_started()
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -158,7 +164,9 @@ def serve(stack: Stack) -> int:
         failures.append(error)
         server.should_exit = True
 
-    app = build_app(stack, http, grpc, start_failed)
+    app = build_app(stack, http, grpc, start_failed,
+                    lambda: log.info("threads_lowered", count=lower_other_threads(settings.compute_nice),
+                                     nice=settings.compute_nice))
     config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False,
                             timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)))
     server = _DrainingServer(config, http, grpc, settings.drain_timeout_s)
@@ -180,6 +188,7 @@ def serve_worker(stack: Stack, host: str, port: int) -> int:
             loop.add_signal_handler(sig, stopping.set)
         began = time.monotonic()
         await stack.start()
+        lower_other_threads(stack.config.server.compute_nice)
         service = InferenceService(stack, trust_tenant=True)
         server, bound = await start_grpc(service, host, port)
         _say(f"worker ready in {time.monotonic() - began:.1f}s on {host}:{bound}")
