@@ -104,6 +104,13 @@ class SamplingParams:
                     or self.logit_bias)
 
 
+TOOL_NAME_PATTERN = "^[A-Za-z0-9_-]{1,64}$"
+"""What a tool's name may be (OpenAI's rule)."""
+TOOL_NAME_RULE = "must be 1 to 64 letters, digits, underscores or dashes"
+TOOL_CHOICE_RULE = 'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+"""The wording of the request rules on tools, shared by the OpenAI parser and the admission schema."""
+
+
 @attrs.frozen(kw_only=True)
 class Tool:
     """A function the model may call: its ``name``, ``description`` and the JSON Schema of its

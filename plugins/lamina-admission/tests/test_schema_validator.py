@@ -9,7 +9,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lamina_hookspecs.types import ROLE_ALIASES, ROLES
+from lamina_hookspecs.types import ROLE_ALIASES, ROLES, TOOL_CHOICE_RULE, TOOL_NAME_RULE
 from lamina.server import openai_api
 from lamina.testing.contracts import ValidatorContract
 from lamina_admission.schema_validator import (
@@ -272,8 +272,8 @@ INVALID = [
     ("chat", {**CHAT, "logit_bias": {"1": 500}}, "logit_bias[1]", "must be <= 100"),  # jsonschema-rs: a numeric key reads as an index
     ("chat", {**CHAT, "tools": [{"type": "function"}]}, "tools[0].function", "required"),
     ("chat", {**CHAT, "tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name",
-     openai_api.TOOL_NAME_RULE),
-    ("chat", {**CHAT, "tool_choice": "sometimes"}, "tool_choice", openai_api.TOOL_CHOICE_RULE),
+     TOOL_NAME_RULE),
+    ("chat", {**CHAT, "tool_choice": "sometimes"}, "tool_choice", TOOL_CHOICE_RULE),
     ("chat", {**CHAT, "messages": [{"role": "tool", "content": "42"}]}, "messages[0].tool_call_id", "required"),
     ("chat", {**CHAT, "messages": [{"role": "assistant", "content": None}]}, "messages[0].content",
      "must be a string or an array"),

@@ -32,7 +32,8 @@ from typing import Any
 from lamina_hookspecs.errors import InvalidRequestError
 from lamina_hookspecs.types import (MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES, STRUCTURED_KINDS,
                                     ChatMessage, Completion, Request, SamplingParams, StructuredOutput, TokenChunk,
-                                    Tool, ToolCall, ToolChoice, Usage)
+                                    TOOL_CHOICE_RULE, TOOL_NAME_PATTERN, TOOL_NAME_RULE, Tool, ToolCall, ToolChoice,
+                                    Usage)
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream", "stream_options",
            "user", "presence_penalty", "frequency_penalty", "logit_bias", "ignore_eos", "stop_token_ids",
@@ -264,9 +265,7 @@ def _content(message: Mapping[str, Any], path: str) -> str:
     raise _fail(f"{path}.content", "must be a string or a list of text parts")
 
 
-_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-TOOL_NAME_RULE = "must be 1 to 64 letters, digits, underscores or dashes"
-TOOL_CHOICE_RULE = 'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+_TOOL_NAME = re.compile(TOOL_NAME_PATTERN)
 
 
 def _tools(body: Mapping[str, Any]) -> tuple[Tool, ...]:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lamina_hookspecs.types import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES, STRUCTURED_KINDS
+from lamina_hookspecs.types import (MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES, STRUCTURED_KINDS,
+                                    TOOL_CHOICE_RULE, TOOL_NAME_PATTERN, TOOL_NAME_RULE)
 
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
 MAX_COMPLETION_LOGPROBS = 5
@@ -143,8 +144,7 @@ def chat_schema(*, max_messages: int = 1024, max_prompt_chars: int = 1_000_000,
         ],
     }
     function = {"type": "object", "required": ["name"], "properties": {
-        "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$",
-                 "errorMessage": "must be 1 to 64 letters, digits, underscores or dashes"},
+        "name": {"type": "string", "pattern": TOOL_NAME_PATTERN, "errorMessage": TOOL_NAME_RULE},
         "description": _nullable("string"),
         "parameters": _nullable("object"),
     }}
@@ -161,8 +161,8 @@ def chat_schema(*, max_messages: int = 1024, max_prompt_chars: int = 1_000_000,
         "top_logprobs": {**_nullable("integer"), "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
         "parallel_tool_calls": _nullable("boolean"),
         "tools": {**_nullable("array"), "items": tool},
-        "tool_choice": {"anyOf": [{"enum": ["none", "auto", "required", None]}, named], "errorMessage":
-                        'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'},
+        "tool_choice": {"anyOf": [{"enum": ["none", "auto", "required", None]}, named],
+                        "errorMessage": TOOL_CHOICE_RULE},
     }
     # top_logprobs > 0 needs logprobs = true.
     logprobs_off = {"not": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}}
