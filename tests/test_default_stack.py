@@ -14,6 +14,7 @@ import openai
 import pydantic
 import pytest
 from lamina.testing.abandon import leave_mid_answer, wait_until_idle
+from lamina_jax.testing import device_counts
 
 pytestmark = pytest.mark.slow
 
@@ -53,6 +54,25 @@ def test_openai_client_gets_the_reference_greedy_tokens_and_clients_that_leave_f
 
     structured_outputs_through_the_client(client)
     tool_calls_through_the_client(client)
+    clients_leave_mid_answer(server)
+
+
+@pytest.mark.parametrize("devices", device_counts(4))
+def test_split_over_four_devices_the_openai_client_gets_what_one_device_gives(live: Any, devices: int) -> None:
+    """The real model split over four devices behind the HTTP API: the reference greedy tokens
+    streamed, a chat answer, and clients that leave mid-answer free the engine."""
+    server = live({"executor": {"use": "jax", "tensor_parallel": devices, "weights_dtype": "float32",
+                                "max_batch": 8, "prefill_chunk": 64}})
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    for prompt in REFERENCE["prompts"][:2]:
+        stream = client.completions.create(model="smollm2-135m-instruct", prompt=prompt["prompt"], temperature=0,
+                                           max_tokens=len(prompt["greedy_token_ids"]), stream=True,
+                                           extra_body={"ignore_eos": True})
+        assert [t for e in stream if e.choices
+                for t in (e.choices[0].model_extra or {}).get("token_ids", [])] == prompt["greedy_token_ids"]
+    chat = client.chat.completions.create(model="smollm2-135m-instruct", temperature=0, max_tokens=20,
+                                          messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert "Paris" in chat.choices[0].message.content
     clients_leave_mid_answer(server)
 
 

@@ -10,7 +10,7 @@ import attrs
 import numpy as np
 import pytest
 from lamina_hookspecs.types import Request, SamplingParams
-from lamina_jax.testing import write_tiny_gguf
+from lamina_jax.testing import device_counts, write_tiny_gguf
 
 from lamina.plugins import load_plugins
 from lamina.stack import Stack
@@ -69,11 +69,13 @@ def workload() -> list[list[Request]]:
     return [[request(0, 5)], [request(i, 3 + i) for i in range(1, 7)], [request(9, 4, tenant="other")]]
 
 
-def test_under_memory_pressure_the_cache_changes_no_token(tiny_model: Path) -> None:
+@pytest.mark.parametrize("devices", device_counts(1, 2))
+def test_under_memory_pressure_the_cache_changes_no_token(tiny_model: Path, devices: int) -> None:
     """32 blocks of 4 positions for six concurrent sequences of ~53 tokens: sequences are
-    preempted and cached blocks evicted, and every stream still equals the run without a cache."""
+    preempted and cached blocks evicted, and every stream still equals the run without a cache,
+    on one device or split over two."""
     rounds = workload()
-    tight = {"kv_cache_mb": 0.01, "max_model_len": 128, "max_batch": 6}
+    tight = {"kv_cache_mb": 0.01, "max_model_len": 128, "max_batch": 6, "tensor_parallel": devices}
     without, _ = run_stack(tiny_model, False, rounds, **tight)
     with_cache, stats = run_stack(tiny_model, True, rounds, **tight)
     assert [[r[:-1] for r in g] for g in with_cache] == [[r[:-1] for r in g] for g in without]

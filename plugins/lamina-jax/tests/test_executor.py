@@ -21,7 +21,7 @@ from lamina_jax.model.llama import LlamaParams, forward
 from lamina_jax.options import JaxOptions
 from lamina_jax.rates import SpacedRate
 from lamina_jax.weights.gguf import load_gguf
-from lamina_jax.testing import cpu_kernels_absent
+from lamina_jax.testing import cpu_kernels_absent, device_counts
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -66,17 +66,20 @@ def greedy_reference(path: Path, prompt: list[int], count: int) -> list[int]:
     return tokens[len(prompt):]
 
 
-def test_concurrent_greedy_streams_match_a_full_forward_pass(tiny_gguf: Path) -> None:
+@pytest.mark.parametrize("devices", device_counts(1, 2, 4))
+def test_concurrent_greedy_streams_match_a_full_forward_pass(tiny_gguf: Path, devices: int) -> None:
     """Six concurrent requests with chunked prefill (chunk 16), a decode batch cap of 6, and a KV
     pool so small that sequences get preempted and recomputed: every stream still equals the
-    greedy continuation computed by a plain forward pass over the whole sequence."""
+    greedy continuation computed by a plain forward pass over the whole sequence (on one device),
+    whatever number of devices the executor is split over."""
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 200, n).tolist() for n in (5, 40, 17, 3, 33, 60)]
 
     async def go() -> tuple[list[list[int]], int]:
         # 0.03 MiB is 30 blocks of 4 positions, raised to the 32 that one full-length sequence needs:
         # 128 positions for the ~300 these requests need together, which forces preemptions.
-        executor = await started(tiny_gguf, max_batch=6, prefill_chunk=16, block_size=4, kv_cache_mb=0.03)
+        executor = await started(tiny_gguf, max_batch=6, prefill_chunk=16, block_size=4, kv_cache_mb=0.03,
+                                 tensor_parallel=devices)
         assert executor.state().kv_blocks_total == 32
         requests = [Request(id=f"r{i}", model=executor.model.id, prompt_token_ids=p,
                             sampling=SamplingParams(max_tokens=24, **GREEDY)) for i, p in enumerate(prompts)]

@@ -24,6 +24,7 @@ from lamina_hookspecs.types import ChatMessage, Request, SamplingParams, Tool
 from lamina_jax.executor import JaxExecutor
 from lamina_jax.model.llama import LlamaParams, forward
 from lamina_jax.options import JaxOptions
+from lamina_jax.testing import device_counts
 from lamina_jax.tokenizer import IncrementalDetokenizer, Tokenizer
 from lamina_jax.weights.model_files import ModelFileError, ModelFiles, open_model
 
@@ -110,16 +111,19 @@ def request_for(case: dict[str, Any], index: int) -> Request:
     return Request(id=f"r{index}", model="m", prompt=case["text"], sampling=sampling)
 
 
+@pytest.mark.parametrize("devices", device_counts(1, 2, 4))
 @pytest.mark.parametrize(("family", "fmt"), CASES)
-def test_the_executor_serves_the_reference_tokens_batched(family: str, fmt: str) -> None:
-    """Every case at once, next to unrelated requests, with chunked prefill: the reference's tokens."""
+def test_the_executor_serves_the_reference_tokens_batched(family: str, fmt: str, devices: int) -> None:
+    """Every case at once, next to unrelated requests, with chunked prefill: the reference's tokens,
+    on one device and split over two (attention by head) or four (attention whole on each)."""
     cases = reference(family)["cases"]
     noise = [Request(id=f"n{i}", model="m", prompt="Lorem ipsum dolor sit amet " * (i + 1),
                      sampling=SamplingParams(temperature=0.8, seed=i, max_tokens=12)) for i in range(3)]
 
     async def go() -> list[list[int]]:
         executor = JaxExecutor(JaxOptions(model=str(path_of(family, fmt)), weights_dtype="float32", max_batch=8,
-                                          prefill_chunk=64, kv_cache_mb=4, max_model_len=512))
+                                          prefill_chunk=64, kv_cache_mb=4, max_model_len=512,
+                                          tensor_parallel=devices))
         await executor.start()
         try:
             async def tokens(request: Request) -> list[int]:

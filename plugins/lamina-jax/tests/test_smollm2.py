@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lamina_jax.model.llama import decode, init_cache, prefill
-from lamina_jax.testing import cpu_kernels_absent
+from lamina_jax.testing import cpu_kernels_absent, device_counts
 from lamina_jax.tokenizer import Tokenizer, IncrementalDetokenizer
 from lamina_jax.weights.gguf import GGUFModel, load_gguf, smollm2_path
 
@@ -97,13 +97,16 @@ def test_chat_prompt_uses_control_tokens(tokenizer: Tokenizer) -> None:
     assert tokenizer.decode(ids) == text
 
 
-@pytest.mark.parametrize("weights_dtype", ["auto", pytest.param("q4_1-f32", marks=pytest.mark.skipif(
-    cpu_kernels_absent(), reason="the ggml matmul kernel is not built here"))])
-def test_default_executor_reproduces_the_reference_concurrently(weights_dtype: str) -> None:
+@pytest.mark.parametrize(("weights_dtype", "devices"), [
+    ("auto", 1), pytest.param("q4_1-f32", 1, marks=pytest.mark.skipif(
+        cpu_kernels_absent(), reason="the ggml matmul kernel is not built here")),
+    *(pytest.param("float32", *p.values, marks=p.marks, id=f"float32-{p.id}") for p in device_counts(2, 4))])
+def test_default_executor_reproduces_the_reference_concurrently(weights_dtype: str, devices: int) -> None:
     """The default stack's executor (built-in model, default options) serving all reference prompts
     at once, with a small prefill chunk so prefill and decode interleave: greedy tokens equal. So
     does every shape in ``q4_1-f32``, the GGUF's own blocks against float32 activations, which
-    ``auto`` may choose where the ggml kernel is built."""
+    ``auto`` may choose where the ggml kernel is built, and float32 split over 2 or 4 devices
+    (SmolLM2's 3 KV heads divide by neither: attention whole on each, the MLP and vocabulary split)."""
     import asyncio
 
     from lamina_hookspecs.types import Request, SamplingParams
@@ -112,7 +115,8 @@ def test_default_executor_reproduces_the_reference_concurrently(weights_dtype: s
     from lamina_jax.options import JaxOptions
 
     async def go() -> list[list[int]]:
-        executor = JaxExecutor(JaxOptions(prefill_chunk=16, kv_cache_mb=64, weights_dtype=weights_dtype))
+        executor = JaxExecutor(JaxOptions(prefill_chunk=16, kv_cache_mb=64, weights_dtype=weights_dtype,
+                                          tensor_parallel=devices))
         await executor.start()
         sampling = SamplingParams(max_tokens=len(PROMPTS[0]["greedy_token_ids"]), temperature=0.0, ignore_eos=True)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import attrs
 import jax
 import structlog
+from jax.sharding import Mesh
 from tqdm import tqdm
 
 from lamina_hookspecs.errors import ContextLengthError, InvalidRequestError, LaminaError, ServiceUnavailableError
@@ -29,7 +30,7 @@ from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, SamplingParams, TokenChunk
 from lamina_jax.engine import Engine
 from lamina_jax.block_manager import BlockAllocator, BlockManager, blocks_for
-from lamina_jax import weight_formats
+from lamina_jax import sharding, weight_formats
 from lamina_jax.model import ggml
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import LlamaParams, kv_bytes_per_position
@@ -100,7 +101,7 @@ class JaxExecutor:
         runner = ModelRunner(params, model_config, num_blocks=num_blocks, block_size=options.block_size,
                              max_batch=options.max_batch, max_blocks_per_seq=blocks_for(max_len, options.block_size),
                              prefill_chunk=options.prefill_chunk, max_prefills=options.max_prefills,
-                             kv_dtype=options.kv_dtype, shape_weights=shape_weights)
+                             kv_dtype=options.kv_dtype, shape_weights=shape_weights, mesh=self._mesh())
         self._precompile(runner)
         blocks = BlockManager(BlockAllocator(num_blocks), block_size=options.block_size, prefix_cache=self.prefix_cache)
         scheduler = Scheduler(blocks, max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
@@ -109,8 +110,14 @@ class JaxExecutor:
         log.info("model_loaded", model=self.model.id, path=str(self.path), format=files.format,
                  architecture=files.architecture, layers=config.n_layers,
                  kv_blocks=num_blocks, kv_dtype=options.kv_dtype, block_size=options.block_size,
-                 max_model_len=max_len)
+                 max_model_len=max_len, devices=[str(d) for d in runner.mesh.devices.flat] if runner.mesh else None)
         return Engine(runner, scheduler, self.tokenizer, max_model_len=max_len)
+
+    def _mesh(self) -> Mesh | None:
+        """The devices the options name or split over; ``None`` (JAX's default device) when they name none."""
+        if self.options.tensor_parallel == 1 and self.options.devices is None:
+            return None
+        return sharding.make_mesh(self.options.tensor_parallel, self.options.devices)
 
     def _load_dtype(self) -> str:
         """The dtype weights are read in: a bfloat16 format's own; float32 where ``auto`` times formats or
@@ -128,7 +135,9 @@ class JaxExecutor:
                 raise ValueError(f"weights_dtype = {fmt!r} cannot serve this model here: it needs the ggml kernel "
                                  f"on the CPU backend and matrices whose rows split into blocks of {ggml.BLOCK}")
             return cast(params, weight_formats.FORMATS[fmt][0]), configure(config, fmt), {}
-        timings = weight_formats.measure(params, sorted({rows for _, rows in shapes}), weight_formats.auto(params))
+        formats = [fmt for fmt in weight_formats.auto(params)
+                   if self.options.tensor_parallel == 1 or weight_formats.FORMATS[fmt][0] != "q4_1"]
+        timings = weight_formats.measure(params, sorted({rows for _, rows in shapes}), formats)
         choice = weight_formats.fastest(timings)
         default = Counter(choice.values()).most_common(1)[0][0]
         held = {dtype: cast(params, dtype) for dtype in {weight_formats.FORMATS[f][0] for f in choice.values()}}

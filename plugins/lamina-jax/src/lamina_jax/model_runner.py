@@ -27,8 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import Mesh
 
 from lamina_hookspecs.types import MAX_TOP_LOGPROBS
+from lamina_jax import sharding
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import ATTENTION_CHUNK, KVCache, KVDtype, LlamaParams, decode, init_cache, prefill_packed
 from lamina_jax.sampling import SampleResult, SamplingBatch, sample, unadjusted
@@ -68,7 +70,6 @@ def _sample(logits: jax.Array, batch: SamplingBatch, all_greedy: jax.Array, want
     return attrs.evolve(chosen, top_ids=top_ids, top_logprobs=top_logprobs)
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
 def _prefill_and_sample(params: LlamaParams, cache: KVCache, tokens: jax.Array, positions: jax.Array,
                         rows: jax.Array, table: jax.Array, table_rows: jax.Array, starts: jax.Array,
                         last: jax.Array, batch: SamplingBatch, all_greedy: jax.Array, want_top: jax.Array, *,
@@ -78,12 +79,23 @@ def _prefill_and_sample(params: LlamaParams, cache: KVCache, tokens: jax.Array, 
     return _sample(logits, batch, all_greedy, want_top), cache
 
 
-@functools.partial(jax.jit, static_argnames=("config",), donate_argnames=("cache",))
 def _decode_and_sample(params: LlamaParams, cache: KVCache, tokens: jax.Array, tables: jax.Array,
                        positions: jax.Array, batch: SamplingBatch, all_greedy: jax.Array, want_top: jax.Array, *,
                        config: LlamaConfig) -> tuple[SampleResult, KVCache]:
     logits, cache = decode(params, cache, tokens, tables, positions, config=config)
     return _sample(logits, batch, all_greedy, want_top), cache
+
+
+_Step = Callable[..., tuple[SampleResult, KVCache]]
+
+
+def _jit_step(step: _Step, out_shardings: object = None) -> _Step:
+    """``step`` jitted with its configuration static and its cache donated (updated in place)."""
+    return jax.jit(step, static_argnames=("config",), donate_argnames=("cache",), out_shardings=out_shardings)
+
+
+_PREFILL, _DECODE = _jit_step(_prefill_and_sample), _jit_step(_decode_and_sample)
+"""The steps on one device; a runner over a mesh jits its own, its outputs laid out as its inputs."""
 
 
 def pow2_buckets(low: int, high: int) -> list[int]:
@@ -118,14 +130,26 @@ class ModelRunner:
     :param max_prefills: the most sequences one prefill call carries.
     :param shape_weights: weights and configuration (another format of ``params``, see
         `weight_formats`) for some of the `shapes`.
+    :param mesh: devices to split the weights and the KV cache over (`sharding`); ``None``: JAX's
+        default device.
     """
 
     def __init__(self, params: LlamaParams, config: LlamaConfig, *, num_blocks: int, block_size: int,
                  max_batch: int, max_blocks_per_seq: int, prefill_chunk: int, max_prefills: int,
                  kv_dtype: KVDtype = "float32",
-                 shape_weights: Mapping[tuple[str, int], tuple[LlamaParams, LlamaConfig]] | None = None) -> None:
-        self.params, self.config = params, config
-        self.shape_weights = dict(shape_weights or {})
+                 shape_weights: Mapping[tuple[str, int], tuple[LlamaParams, LlamaConfig]] | None = None,
+                 mesh: Mesh | None = None) -> None:
+        self.mesh = mesh
+        self.devices = 1 if mesh is None else mesh.size
+        placed: dict[int, LlamaParams] = {}  # by id: weights several shapes share are placed once
+
+        def place(weights: LlamaParams, config: LlamaConfig) -> tuple[LlamaParams, LlamaConfig]:
+            if id(weights) not in placed:
+                placed[id(weights)] = weights if mesh is None else sharding.shard_params(weights, config, mesh)
+            return placed[id(weights)], attrs.evolve(config, tensor_parallel=self.devices)
+
+        self.params, self.config = place(params, config)
+        self.shape_weights = {shape: place(*weights) for shape, weights in (shape_weights or {}).items()}
         self.num_blocks, self.block_size, self.max_batch = num_blocks, block_size, max_batch
         self.prefill_chunk, self.max_prefills = prefill_chunk, max_prefills
         self.kv_dtype = kv_dtype
@@ -134,12 +158,24 @@ class ModelRunner:
         self.table_width = -(-max_blocks_per_seq // ATTENTION_CHUNK) * ATTENTION_CHUNK
         self.table_capacity = 2 * self.table_width
         """Entries of the packed prefill block table: the scheduler packs sequences owning at most this many blocks."""
-        self.cache = init_cache(config, num_blocks=num_blocks, block_size=block_size, dtype=kv_dtype)
+        self._prefill_step, self._decode_step = _PREFILL, _DECODE
+        self.cache = self._new_cache()
+        if mesh is not None:
+            out_shardings = (sharding.replicated(mesh), sharding.cache_shardings(self.cache, self.config, mesh))
+            self._prefill_step = _jit_step(_prefill_and_sample, out_shardings)
+            self._decode_step = _jit_step(_decode_and_sample, out_shardings)
+
+    def _new_cache(self) -> KVCache:
+        """Zeroed pools, created where they live (split over the mesh, if any)."""
+        make = functools.partial(init_cache, self.config, num_blocks=self.num_blocks, block_size=self.block_size,
+                                 dtype=self.kv_dtype)
+        if self.mesh is None:
+            return make()
+        return jax.jit(make, out_shardings=sharding.cache_shardings(jax.eval_shape(make), self.config, self.mesh))()
 
     def reset_cache(self) -> None:
         """Fresh pools after a failed call (a donated cache may be gone)."""
-        self.cache = init_cache(self.config, num_blocks=self.num_blocks, block_size=self.block_size,
-                                dtype=self.kv_dtype)
+        self.cache = self._new_cache()
 
     @staticmethod
     def shapes_for(*, max_batch: int, prefill_chunk: int) -> list[tuple[str, int]]:
@@ -210,7 +246,7 @@ class ModelRunner:
     def _prefill_call(self, arrays: dict[str, np.ndarray], seqs: Seq[Sequence | None]) -> SampleResult:
         batch, all_greedy, want_top = self._sampling(seqs)
         params, config = self.weights_for("prefill", len(arrays["tokens"]))
-        result, self.cache = _prefill_and_sample(params, self.cache, batch=batch, all_greedy=all_greedy,
+        result, self.cache = self._prefill_step(params, self.cache, batch=batch, all_greedy=all_greedy,
                                                  want_top=want_top, config=config, **arrays)
         return result
 
@@ -218,7 +254,7 @@ class ModelRunner:
                      seqs: Seq[Sequence | None]) -> SampleResult:
         batch, all_greedy, want_top = self._sampling(seqs)
         params, config = self.weights_for("decode", len(tokens))
-        result, self.cache = _decode_and_sample(params, self.cache, tokens, tables, positions, batch,
+        result, self.cache = self._decode_step(params, self.cache, tokens, tables, positions, batch,
                                                 all_greedy, want_top, config=config)
         return result
 

@@ -72,3 +72,16 @@ class JaxOptions:
                 "an already configured jax_compilation_cache_dir wins)"})
     max_model_len: int = attrs.field(default=2048, validator=attrs.validators.ge(16), metadata={
         "help": "most tokens (prompt + output) per sequence, capped by the model's context"})
+    tensor_parallel: int = attrs.field(default=1, validator=attrs.validators.ge(1), metadata={
+        "help": "devices the weights and the KV cache are split over (attention by head, the MLP by column, "
+                "the vocabulary by entry; whatever does not divide is held whole on each); not with the q4_1 formats"})
+    devices: tuple[int, ...] | None = attrs.field(default=None, metadata={
+        "help": "indices (into jax.devices()) of the devices this executor runs on, one per tensor_parallel "
+                "shard, so that replicas on one host each take their own (default: the first ones)"})
+
+    def __attrs_post_init__(self) -> None:
+        if self.devices is not None and len(self.devices) != self.tensor_parallel:
+            raise ValueError(f"devices lists {len(self.devices)} devices but tensor_parallel is {self.tensor_parallel}")
+        if self.tensor_parallel > 1 and self.weights_dtype.startswith("q4_1"):
+            raise ValueError(f"weights_dtype = {self.weights_dtype!r} runs a native kernel on one device and "
+                             f"cannot be split over tensor_parallel = {self.tensor_parallel}")

@@ -284,3 +284,19 @@ def cpu_kernels_absent() -> bool:
     from lamina_jax.model import cpu_kernels
 
     return os.environ.get("LAMINA_REQUIRE_CPU_KERNELS") != "1" and not cpu_kernels.available()
+
+
+def device_counts(*counts: int) -> list[Any]:
+    """Pytest parameters (``tp1``, ``tp2``, ...) of a test over ``counts`` devices. Those above one
+    are marked ``tensor_parallel`` and need as many JAX devices, which on the CPU means
+    ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` set before JAX starts, as the tox
+    ``tensor-parallel`` env does; they skip where there are fewer, unless ``LAMINA_REQUIRE_DEVICES``
+    says the process must have that many (that env sets it, so there they fail instead)."""
+    import pytest
+
+    required = int(os.environ.get("LAMINA_REQUIRE_DEVICES", "0"))
+    return [pytest.param(n, id=f"tp{n}") if n == 1 else pytest.param(n, id=f"tp{n}", marks=[
+        pytest.mark.tensor_parallel,
+        pytest.mark.skipif(len(jax.devices()) < n and required < n,
+                           reason=f"needs {n} JAX devices (the tox tensor-parallel env fakes 4 CPU devices)")])
+            for n in counts]

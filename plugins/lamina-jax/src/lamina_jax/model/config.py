@@ -26,6 +26,9 @@ class LlamaConfig:
     """The dtype matrix products compute in: ``None``, the weights' own (bfloat16 weights run
     native bf16 dots accumulating in float32); ``"float32"``, low-precision weights converted to
     float32 inside the product (memory-bound products then read half the bytes)."""
+    tensor_parallel: int = 1
+    """Devices the weights and the KV cache are split over (`lamina_jax.sharding`); above one, decode
+    attention runs in JAX, which XLA partitions, rather than in the native kernel, which it cannot."""
 
     def __attrs_post_init__(self) -> None:
         if self.n_heads % self.n_kv_heads:

@@ -544,9 +544,10 @@ def decode(
     :param block_tables: ``[B, n]`` each sequence's blocks, padded; ``n * block_size > max(positions)``.
         Attention reads only the blocks in use, so ``n`` may be the most any sequence can need.
     :param positions: ``[B]`` position of each token (its sequence's length so far); a padding row
-        uses ``-1`` and writes nothing. Attention runs in the native kernel where it is built and
-        reads the pools' dtype (`attention_kernel`); otherwise each segment of ``DECODE_SEGMENT_ROWS``
-        rows (fewer where ``B`` is no multiple of it) reads only as far as its own longest.
+        uses ``-1`` and writes nothing. Attention runs in the native kernel where it is built, reads
+        the pools' dtype (`attention_kernel`) and the model is on one device; otherwise each segment
+        of ``DECODE_SEGMENT_ROWS`` rows (fewer where ``B`` is no multiple of it) reads only as far as
+        its own longest.
     :return: logits ``[B, vocab]`` and the updated cache (the input cache is donated).
     """
     size = cache.block_size
@@ -555,7 +556,8 @@ def decode(
     offsets = jnp.maximum(positions, 0) % size
 
     def attend(q: jax.Array, layer_pools: _Pools) -> jax.Array:
-        if config.sliding_window is None and attention_kernel.usable(config.n_heads, layer_pools[0]):
+        if (config.sliding_window is None and config.tensor_parallel == 1
+                and attention_kernel.usable(config.n_heads, layer_pools[0])):
             out = attention_kernel.decode_attention(q[:, 0], layer_pools[0], layer_pools[1], block_tables,
                                                     positions + 1)
         else:
