@@ -5,11 +5,11 @@ warm-up round before it is timed):
 
 1. prefill: time to first token of a 512-token prompt with ``max_tokens=1``, and 512 / that time;
 2. time to first token of a 16-token prompt;
-3. decode at 1, 8, 16, 32 and 64 concurrent streams (``--quick``: 1 and 16; 128 new tokens each,
-   32 with ``--quick``; greedy, ``ignore_eos``, 16-token prompts): per stream, from its first token
-   to its last (prefill excluded); in aggregate, all decoded tokens over the span from the earliest
-   first token to the latest last token; and end to end, all generated tokens over the span from
-   submission to the latest last token;
+3. decode at 1, 8, 16, 32 and 64 concurrent streams (``--quick``: 1 and 16; ``--streams``: those it
+   names, and 1; 128 new tokens each, 32 with ``--quick``; greedy, ``ignore_eos``, 16-token
+   prompts): per stream, from its first token to its last (prefill excluded); in aggregate, all
+   decoded tokens over the span from the earliest first token to the latest last token; and end to
+   end, all generated tokens over the span from submission to the latest last token;
 4. peak RSS of this process (the JAX executor; ``resource.getrusage``) and KV-cache bytes per token;
 5. the memory-bandwidth bound of batch-1 decode: the weights' bytes as held (all of them are read
    once per token) over a measured copy bandwidth (numpy copy of 512 MiB, best of five, counting
@@ -68,6 +68,7 @@ from lamina.logging import configure_logging
 from lamina_hookspecs.types import Request, SamplingParams
 from lamina_jax import weight_formats
 from lamina_jax.executor import JaxExecutor
+from lamina_jax.model_runner import bucket
 from lamina_jax.options import JaxOptions
 from lamina_jax.weights.gguf import smollm2_path
 from llama_cpp_peer import (add_peer_argument, describe_machine, load_at_start, machine, parse_batched_bench,
@@ -221,7 +222,7 @@ def peak_rss_bytes() -> int:
 
 
 async def run(args: argparse.Namespace) -> dict:
-    levels = [1, 16] if args.quick else [1, 8, 16, 32, 64]
+    levels = args.streams or ([1, 16] if args.quick else [1, 8, 16, 32, 64])
     max_tokens = 32 if args.quick else 128
     rounds = args.rounds or (2 if args.quick else 3)
     repetitions = 2 if args.quick else 5
@@ -238,8 +239,9 @@ async def run(args: argparse.Namespace) -> dict:
             for leaf in jax.tree.leaves(p)}
     weight_bytes = sum(leaf.nbytes for leaf in held.values())
     formats = {f"{kind} {size}": weight_formats.name(*runner.weights_for(kind, size)) for kind, size in runner.shapes()}
-    batch1_params, _ = runner.weights_for("decode", 1)  # what a batch-1 step reads
-    batch1_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(batch1_params))
+    decode_bytes = {n: sum(leaf.nbytes for leaf in jax.tree.leaves(runner.weights_for("decode", bucket(n))[0]))
+                    for n in levels}  # the weights a decode step of n streams reads
+    batch1_bytes = decode_bytes[1]
     kv_bytes_per_token = sum(a.nbytes for a in jax.tree.leaves(runner.cache)) // (runner.num_blocks * runner.block_size)
     gguf = executor.path
     jax_rounds: list[dict[str, Any]] = []
@@ -284,7 +286,7 @@ async def run(args: argparse.Namespace) -> dict:
         "load_s": load_s,
         "jax": jx,
         "memory": {"peak_rss_bytes": peak_rss, "kv_cache_bytes_per_token": kv_bytes_per_token,
-                   "weights_bytes": weight_bytes},
+                   "weights_bytes": weight_bytes, "decode_weights_bytes": {str(n): b for n, b in decode_bytes.items()}},
         "formats": formats,
         "bandwidth": {"copy_bytes_per_s": bandwidth, "batch1_bound_tok_s": bandwidth / batch1_bytes,
                       "mbu_batch1": batch1 * batch1_bytes / bandwidth},
@@ -384,6 +386,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 rounds, 1 and 16 streams, 32 new tokens")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per figure (default 3, quick 2)")
+    parser.add_argument("--streams", type=lambda text: sorted({1, *map(int, text.split(","))}), default=None,
+                        help="decode stream counts, comma-separated; 1 is always measured "
+                             "(default 1,8,16,32,64; quick 1,16)")
     parser.add_argument("--weights-dtype", choices=["auto", *weight_formats.FORMATS], default="auto",
                         help="the executor's weights_dtype (default: auto, as the default stack)")
     add_peer_argument(parser)

@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jax
@@ -16,12 +17,12 @@ from lamina.testing.contracts import ExecutorContract
 from lamina_hookspecs.errors import ContextLengthError, InvalidRequestError, ServiceUnavailableError
 from lamina_hookspecs.types import ChatMessage, Request, SamplingParams, TokenChunk
 
-from lamina_jax.executor import JaxExecutor
+from lamina_jax.executor import JaxExecutor, kv_budget
 from lamina_jax.model.llama import LlamaParams, forward
 from lamina_jax.options import JaxOptions
 from lamina_jax.rates import SpacedRate
 from lamina_jax.weights.gguf import load_gguf
-from lamina_jax.testing import cpu_kernels_absent, device_counts
+from lamina_jax.testing import cpu_kernels_absent, device_counts, tiny_config
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -286,6 +287,64 @@ def test_steady_state_serving_compiles_nothing_new(tiny_gguf: Path) -> None:
 def test_a_missing_model_file_is_a_config_error() -> None:
     with pytest.raises(ValueError, match="no GGUF file and no Hugging Face model directory .* at '/no/such.gguf'"):
         JaxOptions(model="/no/such.gguf")
+
+
+def test_the_kv_budget_is_a_share_of_the_free_memory_of_the_fullest_device() -> None:
+    gib = 2**30
+    stats = [{"bytes_limit": 80 * gib, "bytes_in_use": 20 * gib}, {"bytes_limit": 80 * gib, "bytes_in_use": 30 * gib}]
+    assert kv_budget(stats, 0.5) == 25 * gib
+    assert kv_budget(stats[:1], 0.9) == int(0.9 * 60 * gib)
+    assert kv_budget([{"bytes_limit": gib, "bytes_in_use": 2 * gib}], 0.9) == 0
+    assert kv_budget([*stats, None], 0.9) is None and kv_budget([], 0.9) is None
+
+
+class FakeAccelerator:
+    """A GPU as `JaxExecutor._kv_blocks` sees one: its platform and its memory statistics."""
+
+    platform = "gpu"
+
+    def __init__(self, free_mib: float | None) -> None:
+        self.free_mib = free_mib
+
+    def memory_stats(self) -> dict[str, int] | None:
+        if self.free_mib is None:
+            return None
+        return {"bytes_limit": 2**40, "bytes_in_use": 2**40 - int(self.free_mib * 2**20)}
+
+
+@pytest.mark.parametrize(("free_mib", "options", "blocks", "sized_by"), [
+    ([64], {"kv_memory_fraction": 0.5}, 4096, {"kv_memory_fraction": 0.5, "kv_mib_per_device": 32.0}),
+    ([64], {}, int(0.9 * 64 * 2**20) // 8192, {"kv_memory_fraction": 0.9, "kv_mib_per_device": 57.6}),
+    ([64, 32], {"kv_memory_fraction": 0.5}, 4096,  # each device holds half of each block
+     {"kv_memory_fraction": 0.5, "kv_mib_per_device": 16.0}),
+    ([0], {}, 8, {"kv_memory_fraction": 0.9, "kv_mib_per_device": 0.0}),  # still one 128-token sequence
+    ([64], {"kv_cache_mb": 1}, 128, {"kv_cache_mb": 1}),
+    ([None], {}, 65536, {"kv_cache_mb": 512}),  # a device without memory statistics: 512 MiB
+], ids=["fraction", "default", "split", "full", "kv_cache_mb", "no-stats"])
+def test_on_an_accelerator_the_kv_cache_takes_a_share_of_the_memory_left_free(
+        tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch, free_mib: list[float | None], options: dict[str, float],
+        blocks: int, sized_by: dict[str, float]) -> None:
+    """A block of the tiny model holds 16 float32 positions of 2 layers' 2 KV heads of 16: 8 KiB,
+    split by KV head over 2 devices."""
+    monkeypatch.setattr("lamina_jax.executor._devices", lambda mesh: [FakeAccelerator(f) for f in free_mib])
+    mesh = None if len(free_mib) == 1 else SimpleNamespace(size=len(free_mib))
+    executor = executor_for(tiny_gguf, **{"kv_cache_mb": None, **options})
+    assert executor._kv_blocks(tiny_config(), 128, mesh) == (blocks, sized_by)
+
+
+def test_kv_memory_fraction_is_a_share_beside_no_kv_cache_mb() -> None:
+    for bad in (0, 1.5):
+        with pytest.raises(ValueError, match="kv_memory_fraction"):
+            JaxOptions(kv_memory_fraction=bad)
+    with pytest.raises(ValueError, match="kv_cache_mb and kv_memory_fraction both size the KV cache"):
+        JaxOptions(kv_cache_mb=64, kv_memory_fraction=0.5)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="refused on the CPU backend only")
+def test_kv_memory_fraction_is_refused_on_the_cpu(tiny_gguf: Path) -> None:
+    with pytest.raises(ValueError, match="kv_memory_fraction = 0.5 sizes the KV cache on a GPU or TPU, and JAX "
+                                         "runs on the CPU here: set kv_cache_mb instead"):
+        run(executor_for(tiny_gguf, kv_cache_mb=None, kv_memory_fraction=0.5).start)
 
 
 @pytest.mark.parametrize("fmt", ["bfloat16", "int8", *(pytest.param(f, marks=pytest.mark.skipif(

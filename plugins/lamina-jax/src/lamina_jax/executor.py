@@ -15,7 +15,7 @@ import asyncio
 import time
 import collections.abc
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence as Seq
 from pathlib import Path
 
 import attrs
@@ -35,7 +35,7 @@ from lamina_jax.model import ggml
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import LlamaParams, kv_bytes_per_position
 from lamina_jax.model_runner import ModelRunner
-from lamina_jax.options import BUILTIN_MODEL, JaxOptions
+from lamina_jax.options import BUILTIN_MODEL, KV_CACHE_MB, JaxOptions
 from lamina_jax.sampling import BIAS_ENTRIES, request_key
 from lamina_jax.scheduler import Scheduler
 from lamina_jax.sequence import Sequence
@@ -47,6 +47,20 @@ from lamina_jax.weights.gguf import smollm2_path
 from lamina_jax.weights.model_files import open_model
 
 log = structlog.get_logger(__name__)
+
+ACCELERATOR_KV_FRACTION = 0.9
+"""The share of a GPU's or TPU's free memory the KV cache takes where neither ``kv_cache_mb`` nor
+``kv_memory_fraction`` is set."""
+
+
+def kv_budget(stats: Seq[Mapping[str, int] | None], fraction: float) -> int | None:
+    """Bytes each device gives the KV cache: ``fraction`` of the memory the fullest of them has free
+    (`jax.Device.memory_stats`: ``bytes_limit`` less ``bytes_in_use``); None where one reports none."""
+    free = [s["bytes_limit"] - s["bytes_in_use"] for s in stats if s is not None]
+    if not free or len(free) < len(stats):
+        return None
+    return int(fraction * max(0, min(free)))
+
 
 class JaxExecutor:
     """A Llama-family model from a GGUF file or a Hugging Face directory, served with continuous batching."""
@@ -79,6 +93,10 @@ class JaxExecutor:
             self.engine.start()
 
     def _load(self) -> Engine:
+        mesh = self._mesh()
+        if _devices(mesh)[0].platform == "cpu" and self.options.kv_memory_fraction is not None:
+            raise ValueError(f"kv_memory_fraction = {self.options.kv_memory_fraction} sizes the KV cache on a GPU "
+                             "or TPU, and JAX runs on the CPU here: set kv_cache_mb instead")
         files = open_model(self.path)
         config, options = files.config, self.options
         tokenizer = files.tokenizer
@@ -92,16 +110,18 @@ class JaxExecutor:
             loaded_params = files.load_params(progress, self._load_dtype())
         max_len = min(options.max_model_len, config.context_length)
         self.model = attrs.evolve(self.model, context_length=max_len)
-        block_bytes = options.block_size * kv_bytes_per_position(config, options.kv_dtype)
-        num_blocks = max(int(options.kv_cache_mb * 2**20 // block_bytes), blocks_for(max_len, options.block_size))
         self.tokenizer = tokenizer
         self.grammars = Grammars(tokenizer, config.vocab_size)
         shapes = ModelRunner.shapes_for(max_batch=options.max_batch, prefill_chunk=options.prefill_chunk)
         params, model_config, shape_weights = self._weights(loaded_params, config, shapes)
+        del loaded_params  # the weights as read, where no format kept them: freed before the KV cache is sized
+        if mesh is not None:  # laid out before the KV cache is sized, so each device's free memory counts its shards
+            params, shape_weights = sharding.place_weights(params, model_config, shape_weights, mesh)
+        num_blocks, kv_sizing = self._kv_blocks(config, max_len, mesh)
         runner = ModelRunner(params, model_config, num_blocks=num_blocks, block_size=options.block_size,
                              max_batch=options.max_batch, max_blocks_per_seq=blocks_for(max_len, options.block_size),
                              prefill_chunk=options.prefill_chunk, max_prefills=options.max_prefills,
-                             kv_dtype=options.kv_dtype, shape_weights=shape_weights, mesh=self._mesh())
+                             kv_dtype=options.kv_dtype, shape_weights=shape_weights, mesh=mesh)
         self._precompile(runner)
         blocks = BlockManager(BlockAllocator(num_blocks), block_size=options.block_size, prefix_cache=self.prefix_cache)
         scheduler = Scheduler(blocks, max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
@@ -109,7 +129,7 @@ class JaxExecutor:
                               batching=self.batching, prewarm=self.prewarm)
         log.info("model_loaded", model=self.model.id, path=str(self.path), format=files.format,
                  architecture=files.architecture, layers=config.n_layers,
-                 kv_blocks=num_blocks, kv_dtype=options.kv_dtype, block_size=options.block_size,
+                 kv_blocks=num_blocks, **kv_sizing, kv_dtype=options.kv_dtype, block_size=options.block_size,
                  max_model_len=max_len, devices=[str(d) for d in runner.mesh.devices.flat] if runner.mesh else None)
         return Engine(runner, scheduler, self.tokenizer, max_model_len=max_len)
 
@@ -118,6 +138,25 @@ class JaxExecutor:
         if self.options.tensor_parallel == 1 and self.options.devices is None:
             return None
         return sharding.make_mesh(self.options.tensor_parallel, self.options.devices)
+
+    def _kv_blocks(self, config: LlamaConfig, max_len: int, mesh: Mesh | None) -> tuple[int, dict[str, float]]:
+        """KV blocks to allocate, at least one full-length sequence's, and what sized them (for the log):
+        ``kv_cache_mb`` where it is set; else on a GPU or TPU, `kv_budget` of its devices with the weights
+        placed; else (the CPU, or a device that reports no memory statistics) `KV_CACHE_MB`."""
+        options = self.options
+        block_bytes = options.block_size * kv_bytes_per_position(config, options.kv_dtype)
+        least = blocks_for(max_len, options.block_size)
+        devices = _devices(mesh)
+        fraction = options.kv_memory_fraction or ACCELERATOR_KV_FRACTION
+        budget = (None if options.kv_cache_mb is not None or devices[0].platform == "cpu"
+                  else kv_budget([d.memory_stats() for d in devices], fraction))
+        if budget is None:
+            mb = options.kv_cache_mb or KV_CACHE_MB
+            return max(int(mb * 2**20 // block_bytes), least), {"kv_cache_mb": mb}
+        if mesh is not None and sharding.heads_split(config, mesh):
+            block_bytes //= mesh.size  # each device holds its KV heads' share of every block
+        return max(budget // block_bytes, least), {"kv_memory_fraction": fraction,
+                                                   "kv_mib_per_device": round(budget / 2**20, 1)}
 
     def _load_dtype(self) -> str:
         """The dtype weights are read in: a bfloat16 format's own; float32 where ``auto`` times formats or
@@ -293,6 +332,11 @@ class JaxExecutor:
             self._outstanding_tokens -= tokens
             if not finished:
                 engine.abort(seq)
+
+
+def _devices(mesh: Mesh | None) -> list[jax.Device]:
+    """The devices the executor runs on: the mesh's, or JAX's default one."""
+    return list(mesh.devices.flat) if mesh is not None else jax.devices()[:1]
 
 
 def _template_text(value: str) -> str:

@@ -141,15 +141,12 @@ class ModelRunner:
                  mesh: Mesh | None = None) -> None:
         self.mesh = mesh
         self.devices = 1 if mesh is None else mesh.size
-        placed: dict[int, LlamaParams] = {}  # by id: weights several shapes share are placed once
-
-        def place(weights: LlamaParams, config: LlamaConfig) -> tuple[LlamaParams, LlamaConfig]:
-            if id(weights) not in placed:
-                placed[id(weights)] = weights if mesh is None else sharding.shard_params(weights, config, mesh)
-            return placed[id(weights)], attrs.evolve(config, tensor_parallel=self.devices)
-
-        self.params, self.config = place(params, config)
-        self.shape_weights = {shape: place(*weights) for shape, weights in (shape_weights or {}).items()}
+        shape_weights = dict(shape_weights or {})
+        if mesh is not None:
+            params, shape_weights = sharding.place_weights(params, config, shape_weights, mesh)
+        self.params, self.config = params, attrs.evolve(config, tensor_parallel=self.devices)
+        self.shape_weights = {shape: (weights, attrs.evolve(cfg, tensor_parallel=self.devices))
+                              for shape, (weights, cfg) in shape_weights.items()}
         self.num_blocks, self.block_size, self.max_batch = num_blocks, block_size, max_batch
         self.prefill_chunk, self.max_prefills = prefill_chunk, max_prefills
         self.kv_dtype = kv_dtype

@@ -10,6 +10,8 @@ import attrs
 from lamina_jax.native import CPU_KERNELS_BUILD_HINT, cpu_kernels_library
 
 BUILTIN_MODEL = "smollm2-135m-instruct"
+KV_CACHE_MB = 512.0
+"""The KV cache's budget, MiB, where neither ``kv_cache_mb`` nor a share of device memory sizes it (the CPU)."""
 
 
 def _model_exists(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
@@ -49,8 +51,15 @@ class JaxOptions:
     kv_dtype: Literal["float32", "bfloat16", "int8", "fp8"] = attrs.field(default="float32", metadata={
         "help": "storage dtype of the KV cache: bfloat16 halves it; int8 and fp8 (e4m3, where the backend has "
                 "it) quarter it, plus a float32 scale per token and head"})
-    kv_cache_mb: float = attrs.field(default=512.0, validator=attrs.validators.gt(0), metadata={
-        "help": "memory budget of the paged KV cache, MiB (at least one full-length sequence is kept)"})
+    kv_cache_mb: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.gt(0)), metadata={
+            "help": f"memory budget of the paged KV cache, MiB (at least one full-length sequence is kept; unset: "
+                    f"{KV_CACHE_MB:g} on the CPU, kv_memory_fraction's share on a GPU or TPU)"})
+    kv_memory_fraction: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional([attrs.validators.gt(0), attrs.validators.le(1)]),
+        metadata={"help": "on a GPU or TPU, the share of the memory each device has left free once the weights "
+                          "are placed that the KV cache takes, as vLLM's gpu_memory_utilization (unset, with "
+                          "kv_cache_mb unset too: 0.9); refused on the CPU backend and beside kv_cache_mb"})
     block_size: int = attrs.field(default=16, validator=attrs.validators.ge(1), metadata={
         "help": "positions per KV block"})
     max_batch: int = attrs.field(default=32, validator=attrs.validators.ge(1), metadata={
@@ -80,6 +89,8 @@ class JaxOptions:
                 "shard, so that replicas on one host each take their own (default: the first ones)"})
 
     def __attrs_post_init__(self) -> None:
+        if self.kv_cache_mb is not None and self.kv_memory_fraction is not None:
+            raise ValueError("kv_cache_mb and kv_memory_fraction both size the KV cache: give one of them")
         if self.devices is not None and len(self.devices) != self.tensor_parallel:
             raise ValueError(f"devices lists {len(self.devices)} devices but tensor_parallel is {self.tensor_parallel}")
         if self.tensor_parallel > 1 and self.weights_dtype.startswith("q4_1"):

@@ -15,7 +15,8 @@ model code is the same for one device and for many.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 import attrs
 import jax
@@ -118,3 +119,21 @@ def shard_params(params: LlamaParams, config: LlamaConfig, mesh: Mesh) -> LlamaP
 def replicated(mesh: Mesh) -> NamedSharding:
     """Every device holds the whole array."""
     return NamedSharding(mesh, PartitionSpec())
+
+
+_Shape = TypeVar("_Shape")
+
+
+def place_weights(params: LlamaParams, config: LlamaConfig,
+                  shape_weights: Mapping[_Shape, tuple[LlamaParams, LlamaConfig]], mesh: Mesh,
+                  ) -> tuple[LlamaParams, dict[_Shape, tuple[LlamaParams, LlamaConfig]]]:
+    """``params`` and the other formats of ``shape_weights`` laid out over ``mesh``, a set several
+    shapes share placed once; arrays already laid out so stay where they are."""
+    placed: dict[int, LlamaParams] = {}
+
+    def place(weights: LlamaParams, config: LlamaConfig) -> LlamaParams:
+        if id(weights) not in placed:
+            placed[id(weights)] = shard_params(weights, config, mesh)
+        return placed[id(weights)]
+
+    return place(params, config), {shape: (place(w, c), c) for shape, (w, c) in shape_weights.items()}
