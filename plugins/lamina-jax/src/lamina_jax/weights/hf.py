@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import safetensors
 
+from lamina_jax import weight_formats
 from lamina_jax.model.config import LlamaConfig
-from lamina_jax.model.llama import LayerParams, LlamaParams
+from lamina_jax.model.llama import LayerParams, LlamaParams, Weight
 from lamina_jax.model.rope import KINDS, RopeScaling
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -116,7 +116,8 @@ def _tensors(files: list[Path]) -> Iterator[tuple[str, jax.Array]]:
 
 def load_params(directory: Path, config: LlamaConfig, hf_config: Mapping[str, Any], *,
                 progress: Progress | None = None, dtype: str = "float32") -> LlamaParams:
-    """Every weight of the directory's safetensors as JAX arrays in ``dtype``, one tensor at a time."""
+    """Every weight of the directory's safetensors held as ``dtype`` (a held dtype of `weight_formats`),
+    converted one tensor at a time (`weight_formats.held`)."""
     arch = architecture(hf_config)
     biased = arch in _BIASED or bool(hf_config.get("attention_bias"))
     tied = bool(hf_config.get("tie_word_embeddings", False))
@@ -145,7 +146,7 @@ def load_params(directory: Path, config: LlamaConfig, hf_config: Mapping[str, An
     for i in range(config.n_layers):
         expected |= {f"model.layers.{i}.{name}": (f"{i}.{field}", shape) for name, (field, shape) in
                      layer_shapes.items()}
-    loaded: dict[str, jax.Array] = {}
+    loaded: dict[str, Weight] = {}
     for name, tensor in _tensors(_weight_files(directory)):
         if name not in expected:
             if name == "lm_head.weight" and tied:
@@ -156,7 +157,7 @@ def load_params(directory: Path, config: LlamaConfig, hf_config: Mapping[str, An
         field, shape = expected[name]
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{directory}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape}")
-        loaded[field] = jnp.asarray(tensor, dtype)
+        loaded[field] = weight_formats.held(field.rpartition(".")[2], tensor, dtype)
         if progress is not None:
             progress(len(loaded), len(expected))
     missing = [name for name, (field, _) in expected.items() if field not in loaded]
@@ -164,4 +165,5 @@ def load_params(directory: Path, config: LlamaConfig, hf_config: Mapping[str, An
         raise ValueError(f"{directory}: missing tensors {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}")
     layers = tuple(LayerParams(**{field: loaded[f"{i}.{field}"] for field, _ in layer_shapes.values()})
                    for i in range(config.n_layers))
-    return LlamaParams(embed=loaded["embed"], layers=layers, norm=loaded["norm"], lm_head=loaded.get("lm_head"))
+    return weight_formats.with_head(LlamaParams(embed=loaded["embed"], layers=layers, norm=loaded["norm"],
+                                                lm_head=loaded.get("lm_head")), dtype)

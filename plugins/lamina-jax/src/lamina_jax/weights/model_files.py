@@ -38,7 +38,8 @@ class ModelFiles:
     _read_params: Callable[[Progress | None, str], LlamaParams]
 
     def load_params(self, progress: Progress | None = None, dtype: str = "float32") -> LlamaParams:
-        """Read every weight, converted to ``dtype`` tensor by tensor; ``progress(done, total)`` after each."""
+        """Read every weight, held as ``dtype`` (``float32``, ``bfloat16``, ``int8`` or ``q4_1``: see
+        `weight_formats.held`), converted tensor by tensor; ``progress(done, total)`` after each."""
         try:
             return self._read_params(progress, dtype)
         except (ValueError, KeyError, OSError) as error:
