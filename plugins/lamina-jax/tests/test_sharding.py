@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import re
+from pathlib import Path
 
 import attrs
 import jax
@@ -16,6 +18,7 @@ from lamina_jax.model_runner import ModelRunner
 from lamina_jax.options import JaxOptions
 from lamina_jax.testing import cpu_kernels_absent, device_counts, random_weights, tiny_config, to_params
 from lamina_jax.weight_formats import cast
+from lamina_jax.weights.model_files import open_model
 
 CONFIG = attrs.evolve(tiny_config(), vocab_size=260)
 """2 KV heads: split on 2 devices, whole on each of 4; a vocabulary that 2 and 4 divide."""
@@ -128,3 +131,21 @@ def test_the_runner_keeps_its_layout_across_steps_and_after_a_reset(devices: int
     runner.reset_cache()
     assert jax.tree.map(lambda a: a.sharding, runner.cache) == layout
     assert isinstance(runner.params.layers[0].wq, jax.Array) and not isinstance(runner.params.embed, Int8Weight)
+
+
+@pytest.mark.parametrize("devices", device_counts(2))
+@pytest.mark.parametrize("fmt", ["model.gguf", "hf"])
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_weights_are_laid_out_tensor_by_tensor_as_they_are_read(devices: int, fmt: str, dtype: str) -> None:
+    """Each tensor goes to its place over the mesh as it is read: the layout `param_shardings` gives,
+    the arrays of a load on one device."""
+    files = open_model(Path(__file__).parent / "data" / "models" / "llama" / fmt)
+    mesh = sharding.make_mesh(devices)
+    placed = files.load_params(dtype=dtype, place=functools.partial(sharding.place_field, config=files.config,
+                                                                     mesh=mesh))
+    one = files.load_params(dtype=dtype)
+    layout = sharding.param_shardings(one, files.config, mesh)
+    assert jax.tree.leaves(jax.tree.map(lambda a: a.sharding, placed)) == jax.tree.leaves(layout)
+    assert split(placed.layers[0].w_up.q if dtype == "int8" else placed.layers[0].w_up) == (0,)
+    for got, want in zip(jax.tree.leaves(placed), jax.tree.leaves(one), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

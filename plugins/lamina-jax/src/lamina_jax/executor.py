@@ -12,6 +12,7 @@ request in the engine, which frees its KV blocks at the next step boundary.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import collections.abc
 from collections import Counter
@@ -107,7 +108,11 @@ class JaxExecutor:
                 bar.total = total
                 bar.update(done - bar.n)
 
-            loaded_params = files.load_params(progress, self._load_dtype())
+            # Over a mesh, a format given by name is laid out tensor by tensor as it is read, so no device
+            # holds the whole model; `auto` first times the formats on float32 weights in one place.
+            place = (functools.partial(sharding.place_field, config=config, mesh=mesh)
+                     if mesh is not None and options.weights_dtype != "auto" else None)
+            loaded_params = files.load_params(progress, self._load_dtype(), place)
         max_len = min(options.max_model_len, config.context_length)
         self.model = attrs.evolve(self.model, context_length=max_len)
         self.tokenizer = tokenizer

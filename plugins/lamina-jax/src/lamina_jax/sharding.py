@@ -78,24 +78,35 @@ def _weight(mesh: Mesh, w: Weight | None, axis: int | None) -> object:
     return whole if axis is None else _split(mesh, w.shape[axis], axis, w.ndim)
 
 
-def _layer(mesh: Mesh, layer: LayerParams, split_heads: bool) -> LayerParams:
-    def axis(name: str) -> int | None:
-        if name in _COLUMN or (split_heads and name in _ATTENTION_COLUMN):
-            return 0
-        if name in _ROW or (split_heads and name in _ATTENTION_ROW):
-            return 1
-        return None
-
-    return LayerParams(**{field.name: _weight(mesh, getattr(layer, field.name), axis(field.name))
-                          for field in attrs.fields(LayerParams)})
+def _axis(field: str, split_heads: bool) -> int | None:
+    """The axis the weight of `LlamaParams` or `LayerParams` field ``field`` is split along: 0 (output
+    features, vocabulary entries), 1 (input features), or None (whole on every device)."""
+    if field in ("embed", "lm_head") or field in _COLUMN or (split_heads and field in _ATTENTION_COLUMN):
+        return 0
+    if field in _ROW or (split_heads and field in _ATTENTION_ROW):
+        return 1
+    return None
 
 
 def param_shardings(params: LlamaParams, config: LlamaConfig, mesh: Mesh) -> LlamaParams:
     """A `LlamaParams` of the shardings of ``params``' arrays over ``mesh``."""
     split_heads = heads_split(config, mesh)
-    return LlamaParams(embed=_weight(mesh, params.embed, 0),
-                       layers=tuple(_layer(mesh, layer, split_heads) for layer in params.layers),
-                       norm=_weight(mesh, params.norm, None), lm_head=_weight(mesh, params.lm_head, 0))
+
+    def layer(weights: LayerParams) -> LayerParams:
+        return LayerParams(**{f.name: _weight(mesh, getattr(weights, f.name), _axis(f.name, split_heads))
+                              for f in attrs.fields(LayerParams)})
+
+    return LlamaParams(embed=_weight(mesh, params.embed, _axis("embed", split_heads)),
+                       layers=tuple(layer(weights) for weights in params.layers),
+                       norm=_weight(mesh, params.norm, _axis("norm", split_heads)),
+                       lm_head=_weight(mesh, params.lm_head, _axis("lm_head", split_heads)))
+
+
+def place_field(field: str, weight: Weight, *, config: LlamaConfig, mesh: Mesh) -> Weight:
+    """One weight, of `LlamaParams` or `LayerParams` field ``field``, laid out over ``mesh`` as
+    `param_shardings` lays it out: a loader places each tensor as it reads it, so that no device
+    ever holds the whole model."""
+    return jax.device_put(weight, _weight(mesh, weight, _axis(field, heads_split(config, mesh))))
 
 
 def cache_shardings(cache: KVCache, config: LlamaConfig, mesh: Mesh) -> KVCache:

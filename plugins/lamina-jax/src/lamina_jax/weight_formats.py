@@ -101,12 +101,23 @@ def _cast_fields(layer: LayerParams, dtype: str) -> LayerParams:
                           for f in attrs.fields(LayerParams)})
 
 
-def held(field: str, array: jax.Array | np.ndarray, dtype: str) -> Weight:
+Place = Callable[[str, Weight], Weight]
+"""Where a loader puts a weight it holds: ``(field, weight) → the weight placed`` (see
+`lamina_jax.sharding.place_field`)."""
+
+
+def held(field: str, array: jax.Array | np.ndarray, dtype: str, place: Place | None = None) -> Weight:
     """One weight, the `LlamaParams` or `LayerParams` field ``field``, as ``dtype`` holds it: a loader
     converts each tensor as it reads it, so no float32 copy of the whole model is made first.
     ``int8``: every matrix quantized (`quantize_int8`), the norms and biases kept in float32;
     ``q4_1``: the decoder's matrices in Q4_1 blocks and an untied output head in Q8_0, the
-    embedding table (only gathered from) and the vectors kept as they are; otherwise ``dtype``."""
+    embedding table (only gathered from) and the vectors kept as they are; otherwise ``dtype``.
+    Then ``place(field, weight)``, where given."""
+    weight = _held(field, array, dtype)
+    return weight if place is None else place(field, weight)
+
+
+def _held(field: str, array: jax.Array | np.ndarray, dtype: str) -> Weight:
     if dtype in ("int8", "q4_1"):
         array = jnp.asarray(array, jnp.float32)
         if array.ndim != 2 or (dtype == "q4_1" and field == "embed"):

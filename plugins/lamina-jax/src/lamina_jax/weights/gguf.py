@@ -141,10 +141,11 @@ _OPTIONAL = {"bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
 
 
 def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, arch: str = "llama",
-                progress: Progress | None = None, dtype: str = "float32") -> LlamaParams:
+                progress: Progress | None = None, dtype: str = "float32",
+                place: weight_formats.Place | None = None) -> LlamaParams:
     """Dequantize every weight into a `LlamaParams` held as ``dtype`` (a held dtype of
-    `weight_formats`), converted one tensor at a time (`weight_formats.held`): no float32 copy of
-    the whole model is made first.
+    `weight_formats`), converted (and put where ``place`` says) one tensor at a time
+    (`weight_formats.held`): no float32 copy of the whole model is made first.
 
     :param progress: called as ``progress(done, total)`` after each tensor.
     """
@@ -168,7 +169,7 @@ def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, arch: str = "ll
         done += 1
         if progress is not None:
             progress(done, total)
-        return weight_formats.held(field, array, dtype)
+        return weight_formats.held(field, array, dtype, place)
 
     def extras(i: int) -> dict[str, jax.Array]:
         q_rows, kv_rows = config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim

@@ -115,9 +115,10 @@ def _tensors(files: list[Path]) -> Iterator[tuple[str, jax.Array]]:
 
 
 def load_params(directory: Path, config: LlamaConfig, hf_config: Mapping[str, Any], *,
-                progress: Progress | None = None, dtype: str = "float32") -> LlamaParams:
+                progress: Progress | None = None, dtype: str = "float32",
+                place: weight_formats.Place | None = None) -> LlamaParams:
     """Every weight of the directory's safetensors held as ``dtype`` (a held dtype of `weight_formats`),
-    converted one tensor at a time (`weight_formats.held`)."""
+    converted (and put where ``place`` says) one tensor at a time (`weight_formats.held`)."""
     arch = architecture(hf_config)
     biased = arch in _BIASED or bool(hf_config.get("attention_bias"))
     tied = bool(hf_config.get("tie_word_embeddings", False))
@@ -157,7 +158,7 @@ def load_params(directory: Path, config: LlamaConfig, hf_config: Mapping[str, An
         field, shape = expected[name]
         if tuple(tensor.shape) != shape:
             raise ValueError(f"{directory}: tensor {name!r} has shape {tuple(tensor.shape)}, expected {shape}")
-        loaded[field] = weight_formats.held(field.rpartition(".")[2], tensor, dtype)
+        loaded[field] = weight_formats.held(field.rpartition(".")[2], tensor, dtype, place)
         if progress is not None:
             progress(len(loaded), len(expected))
     missing = [name for name, (field, _) in expected.items() if field not in loaded]

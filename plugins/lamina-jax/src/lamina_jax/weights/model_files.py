@@ -15,6 +15,7 @@ from typing import Literal
 import attrs
 
 from lamina_jax.model.config import LlamaConfig
+from lamina_jax.weight_formats import Place
 from lamina_jax.model.llama import LlamaParams
 from lamina_jax.tokenizer import Tokenizer
 from lamina_jax.weights import gguf, hf
@@ -35,13 +36,15 @@ class ModelFiles:
     architecture: str
     config: LlamaConfig
     tokenizer: Tokenizer
-    _read_params: Callable[[Progress | None, str], LlamaParams]
+    _read_params: Callable[[Progress | None, str, Place | None], LlamaParams]
 
-    def load_params(self, progress: Progress | None = None, dtype: str = "float32") -> LlamaParams:
+    def load_params(self, progress: Progress | None = None, dtype: str = "float32",
+                    place: Place | None = None) -> LlamaParams:
         """Read every weight, held as ``dtype`` (``float32``, ``bfloat16``, ``int8`` or ``q4_1``: see
-        `weight_formats.held`), converted tensor by tensor; ``progress(done, total)`` after each."""
+        `weight_formats.held`) and put where ``place`` says, tensor by tensor; ``progress(done, total)``
+        after each."""
         try:
-            return self._read_params(progress, dtype)
+            return self._read_params(progress, dtype, place)
         except (ValueError, KeyError, OSError) as error:
             raise ModelFileError(f"{self.path}: {error}") from error
 
@@ -51,8 +54,8 @@ def _open_gguf(path: Path) -> ModelFiles:
     arch = metadata["general.architecture"]
     return ModelFiles(path=path, format="gguf", architecture=arch, config=config,
                       tokenizer=Tokenizer.from_gguf(metadata),
-                      read_params=lambda progress, dtype: gguf.load_params(reader, config, arch=arch,
-                                                                           progress=progress, dtype=dtype))
+                      read_params=lambda progress, dtype, place: gguf.load_params(
+                          reader, config, arch=arch, progress=progress, dtype=dtype, place=place))
 
 
 def _open_hf(path: Path) -> ModelFiles:
@@ -63,8 +66,8 @@ def _open_hf(path: Path) -> ModelFiles:
                                 "alone are not enough)")
     return ModelFiles(path=path, format="hf", architecture=hf.architecture(hf_config), config=config,
                       tokenizer=Tokenizer.from_hf(path),
-                      read_params=lambda progress, dtype: hf.load_params(path, config, hf_config,
-                                                                         progress=progress, dtype=dtype))
+                      read_params=lambda progress, dtype, place: hf.load_params(
+                          path, config, hf_config, progress=progress, dtype=dtype, place=place))
 
 
 def open_model(path: str | Path) -> ModelFiles:
