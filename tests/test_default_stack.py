@@ -54,6 +54,7 @@ def test_openai_client_gets_the_reference_greedy_tokens_and_clients_that_leave_f
 
     structured_outputs_through_the_client(client)
     tool_calls_through_the_client(client)
+    choices_through_the_client(client)
     clients_leave_mid_answer(server)
 
 
@@ -91,6 +92,25 @@ class City(pydantic.BaseModel):
 class Cities(pydantic.BaseModel):
     country: str = pydantic.Field(max_length=30)
     cities: list[City] = pydantic.Field(min_length=1, max_length=3)
+
+
+def choices_through_the_client(client: openai.OpenAI) -> None:
+    """``n`` with a seed: different choices, the same ones again for the same request, and choice ``i``
+    whatever ``n`` is (streamed or not); the prompt counted once."""
+    ask = dict(model="smollm2-135m-instruct", messages=[{"role": "user", "content": "Name a fruit."}],
+               temperature=1.0, seed=11, max_tokens=12, extra_body={"ignore_eos": True})
+    three = client.chat.completions.create(n=3, **ask)
+    texts = [c.message.content for c in three.choices]
+    assert [c.index for c in three.choices] == [0, 1, 2] and len(set(texts)) > 1, texts
+    assert [c.message.content for c in client.chat.completions.create(n=3, **ask).choices] == texts
+    one = client.chat.completions.create(n=1, **ask)
+    assert one.choices[0].message.content == texts[0] and three.usage.prompt_tokens == one.usage.prompt_tokens
+    assert (three.usage.completion_tokens, one.usage.completion_tokens) == (3 * 12, 12)
+    streamed = ["", ""]
+    for event in client.chat.completions.create(n=2, stream=True, **ask):
+        for choice in event.choices:
+            streamed[choice.index] += choice.delta.content or ""
+    assert streamed == texts[:2]
 
 
 def structured_outputs_through_the_client(client: openai.OpenAI) -> None:

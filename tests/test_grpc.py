@@ -370,6 +370,12 @@ def through_a_gateway(sampling: SamplingParams, request: Request | None = None) 
     return recording.requests[-1]
 
 
+def test_a_choice_forked_at_a_gateway_names_its_parent_at_the_worker() -> None:
+    forked = Request(id="r1-2", model="recording", prompt="hi", fork_of="r1")
+    assert through_a_gateway(SamplingParams(seed=3), forked).fork_of == "r1"
+    assert through_a_gateway(SamplingParams(seed=3)).fork_of is None
+
+
 def test_sampling_controls_cross_grpc_and_a_gateway_unchanged() -> None:
     """Penalties, logit_bias, min_p and min_tokens parsed from an OpenAI body reach the executor the
     same whether the request came over gRPC directly or through a gateway's remote backend."""

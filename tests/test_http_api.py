@@ -70,7 +70,10 @@ CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
     ("chat/completions", {"json": {**CHAT, "messages": []}}, 400, "messages"),
     ("chat/completions", {"json": {**CHAT, "messages": [{"role": "wizard", "content": "x"}]}}, 400,
      "messages[0].role"),
-    ("chat/completions", {"json": {**CHAT, "n": 2}}, 400, "n"),
+    ("chat/completions", {"json": {**CHAT, "n": 0}}, 400, "n"),
+    ("completions", {"json": {"model": "echo", "prompt": "x", "n": 2, "best_of": 3}}, 400, "best_of"),
+    ("chat/completions", {"json": {**CHAT, "n": 2, "stream": True},
+                          "headers": {"accept": "application/x-lamina-stc"}}, 400, "n"),
     ("chat/completions", {"json": {**CHAT, "max_tokens": 0}}, 400, "max_tokens"),
     ("completions", {"json": {"model": "echo", "prompt": "w " * 60, "max_tokens": 10}}, 400, "messages"),
     ("completions", {"json": {"model": "echo", "prompt": ""}}, 400, "prompt"),
@@ -173,6 +176,23 @@ def test_an_executor_failure_fails_only_that_request(live: Any) -> None:
         b"data: [DONE]\n\n")
     assert httpx.post(f"{server.url}/v1/completions", json={"model": "flaky", "prompt": "fine"}).status_code == 200
     assert InternalError.http_status == 500
+
+
+def test_several_choices_streamed_and_not_through_the_openai_client(echo: Any) -> None:
+    c = client(echo)
+    chat = c.chat.completions.create(model="echo", messages=[{"role": "user", "content": "one two three"}], n=3,
+                                     max_tokens=2)
+    assert [(ch.index, ch.message.content, ch.finish_reason) for ch in chat.choices] == [
+        (i, "one two", "length") for i in range(3)]
+    assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (3, 6)
+    texts, finishes, usage = ["", ""], [None, None], None
+    for event in c.completions.create(model="echo", prompt="p q r", n=2, echo=True, stream=True,
+                                      stream_options={"include_usage": True}):
+        for choice in event.choices:
+            texts[choice.index] += choice.text
+            finishes[choice.index] = choice.finish_reason or finishes[choice.index]
+        usage = event.usage or usage
+    assert texts == ["p q rp q r"] * 2 and finishes == ["stop"] * 2 and usage.completion_tokens == 6
 
 
 def test_echo_puts_the_prompt_before_the_completion(echo: Any) -> None:

@@ -12,6 +12,7 @@ import pytest
 from lamina_hookspecs.types import Request, SamplingParams
 from lamina_jax.testing import device_counts, write_tiny_gguf
 
+from lamina.choices import fork
 from lamina.plugins import load_plugins
 from lamina.stack import Stack
 from lamina.stack_config import StackConfig
@@ -40,7 +41,9 @@ def run_stack(model: Path, prefix_cache: bool, rounds: list[list[Request]], **ex
             for requests in rounds:  # each round's requests run concurrently, rounds one after another
                 results = await asyncio.gather(*(_collect(executor, r) for r in requests))
                 outputs.append(results)
-            stats.update(preemptions=executor.engine.scheduler.num_preemptions,
+            blocks = executor.engine.scheduler.blocks
+            stats.update(preemptions=executor.engine.scheduler.num_preemptions, shared_blocks=len(blocks.readers),
+                         free_blocks=blocks.allocator.num_free, total_blocks=blocks.allocator.num_blocks,
                          **(executor.prefix_cache.stats() if executor.prefix_cache else {}))
             return outputs
         finally:
@@ -94,6 +97,28 @@ def test_cache_on_gives_the_same_greedy_tokens_and_reuses_shared_prefixes(tiny_m
     assert cached[2] == [0], "another tenant cannot hit acme's prefixes"
     assert [-r[-1] for g in without for r in g] == [0] * 8
     assert stats["hit_tokens"] >= 6 * 36 and stats["cached_blocks"] > 0
+
+
+def test_forked_choices_under_memory_pressure_give_the_same_tokens_with_and_without_the_cache(
+        tiny_model: Path) -> None:
+    """Three rounds of four choices forked from prompts that share a 37-token prefix, in 32 blocks:
+    forks read their parent's blocks beside the cache's, sequences are preempted and blocks
+    evicted, and the tokens are those of the run without a cache; at the end no block is shared,
+    and every block is free or cached."""
+    rng = np.random.default_rng(9)
+    system = rng.integers(3, 200, 37).tolist()
+    sampling = SamplingParams(max_tokens=40, temperature=1.0, seed=5, ignore_eos=True)
+    rounds = [fork(Request(id=f"f{i}", model="tiny-llama", tenant="acme", n=4, sampling=sampling,
+                           prompt_token_ids=system + rng.integers(3, 200, 4 + i).tolist())) for i in range(3)]
+    tight = {"kv_cache_mb": 0.01, "max_model_len": 128, "max_batch": 8}
+    without, plain = run_stack(tiny_model, False, rounds, **tight)
+    with_cache, stats = run_stack(tiny_model, True, rounds, **tight)
+    assert [[r[:-1] for r in g] for g in with_cache] == [[r[:-1] for r in g] for g in without]
+    assert plain["preemptions"] > 0 and stats["evicted_blocks"] > 0, stats
+    assert all(-r[-1] >= 36 for g in without for r in g[1:]), "forks read their parent's prompt"
+    assert plain["shared_blocks"] == stats["shared_blocks"] == 0
+    assert plain["free_blocks"] == plain["total_blocks"]
+    assert stats["free_blocks"] + stats["cached_blocks"] == stats["total_blocks"], stats
 
 
 def run_prewarm_workload(model: Path, prewarm: bool) -> tuple[list[tuple[list[int], int]], dict[str, Any]]:

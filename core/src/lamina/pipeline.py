@@ -1,7 +1,8 @@
 """One request's way through a built stack: received → admitted → routed → tokens → finished.
 
 Transports (HTTP, gRPC, in-process tests) call :func:`run_request` and encode what it
-yields; a chat with tools goes through the stack's tool parser (:mod:`lamina.tool_calls`).
+yields; a chat with tools goes through the stack's tool parser (:mod:`lamina.tool_calls`), a
+request for ``n`` > 1 choices runs as ``n`` forks on one backend (:mod:`lamina.choices`).
 Closing the returned iterator early (client gone) aborts the executor stream, which frees
 the request's KV slots, and reports ``finish_reason="abort"``. A backend lost before it sent
 anything (``BackendLostError``: a worker died or cannot be reached) is left out and the
@@ -25,7 +26,7 @@ from lamina_hookspecs.errors import (BackendLostError, InternalError, InvalidReq
                                      TokenizerNotAvailableError)
 from lamina_hookspecs.protocols import Executor, Tokenizes
 from lamina_hookspecs.types import FinishReason, Request, RequestContext, TokenChunk
-from lamina import tool_calls
+from lamina import choices, tool_calls
 from lamina.ab import arm_label
 from lamina.lifecycle import notify, wrap_request
 from lamina.stack import Stack
@@ -44,6 +45,20 @@ async def _prompt_text(executor: Executor, request: Request) -> str:
         pass
     raise InvalidRequestError("echo: a prompt of token ids is echoed as their text, which this model's backend "
                               "cannot decode; send the prompt as text", param="echo")
+
+
+async def _reply(stack: Stack, executor: Executor, request: Request) -> AsyncIterator[TokenChunk]:
+    """One choice's chunks from ``executor``, its tool calls read; closing it closes the executor's stream."""
+    stream = executor.generate(request)
+    calls = tool_calls.reader(stack.tool_parser, request)
+    chunks = stream if calls is None else tool_calls.read_calls(stream, calls)
+    try:
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        if chunks is not stream:
+            await chunks.aclose()  # type: ignore[attr-defined]
+        await stream.aclose()  # type: ignore[attr-defined]
 
 
 async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any],
@@ -78,19 +93,20 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
                 await notify(pm, "lamina_request_routed", ctx=ctx)
                 executor = stack.backends[backend.name]
                 echo = await _prompt_text(executor, request) if request.echo else ""
-                stream = executor.generate(request)
-                calls = tool_calls.reader(stack.tool_parser, request)
-                chunks = stream if calls is None else tool_calls.read_calls(stream, calls)
+                replies = [_reply(stack, executor, one) for one in choices.fork(request)]
+                chunks = replies[0] if len(replies) == 1 else choices.merge(replies)
+                echoed: set[int] = set()
                 sent = False
                 try:
                     async for chunk in chunks:
-                        if echo:
-                            chunk, echo = attrs.evolve(chunk, text=echo + chunk.text), ""
+                        if echo and chunk.choice not in echoed:
+                            chunk = attrs.evolve(chunk, text=echo + chunk.text)
+                            echoed.add(chunk.choice)
                         if ctx.first_token_at is None and chunk.token_ids:
                             ctx.first_token_at = time.monotonic()
                             await notify(pm, "lamina_request_first_token", ctx=ctx)
-                        if chunk.finish_reason is not None:
-                            finish, ctx.usage = chunk.finish_reason, chunk.usage
+                        if chunk.is_final:
+                            finish, ctx.usage = chunk.finish_reason or finish, chunk.usage
                         sent = True
                         yield chunk
                     break
@@ -101,9 +117,7 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
                     stack.admission.record(backend.name, False, time.monotonic())
                     lost.add(backend.name)
                 finally:
-                    if chunks is not stream:
-                        await chunks.aclose()  # type: ignore[attr-defined]
-                    await stream.aclose()
+                    await chunks.aclose()  # type: ignore[attr-defined]
         except LaminaError as exc:
             error = exc
             raise

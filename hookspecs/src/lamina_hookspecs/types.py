@@ -23,6 +23,8 @@ MAX_TOP_LOGPROBS = 20
 """The most alternatives per token a request may ask for (OpenAI's limit)."""
 MAX_LOGIT_BIAS = 300
 """The most token ids one request's ``logit_bias`` may name."""
+MAX_CHOICES = 128
+"""The most choices (``n``) one request may ask for (OpenAI's limit)."""
 
 
 def _tuple_of_ints(value: object) -> tuple[int, ...]:
@@ -223,6 +225,11 @@ class Request:
     more than one per reply). Core's tool parser reads the calls from the output and sets
     ``tool_prompt``, its instructions for a chat template that takes no tools: an executor whose
     template renders ``tools`` ignores it, any other puts it first as a system turn.
+
+    A request for ``n`` > 1 choices reaches executors as ``n`` requests of one choice each (core
+    forks them, :mod:`lamina.choices`): the first keeps ``id``, the others have ``fork_of`` set to
+    it. Their prompt is the same, so an executor may compute it once and let the others read its
+    KV; one that does not serves each on its own.
     """
 
     id: str
@@ -245,6 +252,8 @@ class Request:
     tool_choice: ToolChoice = ToolChoice()
     parallel_tool_calls: bool = True
     tool_prompt: str = ""
+    n: int = 1
+    fork_of: str | None = None
 
     def __attrs_post_init__(self) -> None:
         given = [f for f in ("prompt", "prompt_token_ids", "messages") if getattr(self, f) is not None]
@@ -299,6 +308,11 @@ class TokenChunk:
     ``tool_calls`` are the fragments of tool calls the text so far completed (the calls' own text
     is then not in ``text``). ``logprobs`` (one per token) and ``top_logprobs`` (one tuple per token) are present
     only when the request asked for them.
+
+    Under ``n`` > 1 the choices' chunks come interleaved in one stream, each naming its ``choice``;
+    each choice ends with a chunk that has its ``finish_reason``, and ``more`` is set on such a chunk
+    while other choices still run, so only the stream's last chunk is final (it carries the usage of
+    them all).
     """
 
     request_id: str
@@ -310,10 +324,13 @@ class TokenChunk:
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     tool_calls: tuple[ToolCallDelta, ...] = attrs.field(default=(), converter=tuple)
+    choice: int = 0
+    more: bool = False
 
     @property
     def is_final(self) -> bool:
-        return self.finish_reason is not None
+        """Whether this chunk ends the stream (not only its choice)."""
+        return self.finish_reason is not None and not self.more
 
 
 @attrs.frozen(kw_only=True)
@@ -322,6 +339,8 @@ class StreamMeta:
 
     ``include_usage`` is the client's choice of a usage report at the end of the stream
     (OpenAI's ``stream_options.include_usage``); ``None`` leaves it to the codec's default.
+    ``choices`` is the request's ``n``: a codec that cannot tell choices apart refuses more than one
+    in ``header`` with an ``InvalidRequestError``.
     """
 
     request_id: str
@@ -329,6 +348,7 @@ class StreamMeta:
     created: int
     kind: Literal["completion", "chat"] = "completion"
     include_usage: bool | None = None
+    choices: int = 1
 
 
 @attrs.frozen(kw_only=True)

@@ -263,7 +263,8 @@ INVALID = [
      "unrecognized request argument"),
     ("chat", {**CHAT, "stream_options": True}, "stream_options", "must be an object or null"),
     ("chat", {**CHAT, "user": 1}, "user", "must be a string or null"),
-    ("chat", {**CHAT, "n": 2}, "n", "must be 1"),
+    ("chat", {**CHAT, "n": 129}, "n", "must be <= 128"),
+    ("chat", {**CHAT, "n": 0}, "n", "must be >= 1"),
     ("chat", {**CHAT, "presence_penalty": 2.5}, "presence_penalty", "must be <= 2"),
     ("chat", {**CHAT, "frequency_penalty": -3}, "frequency_penalty", "must be >= -2"),
     ("chat", {**CHAT, "repetition_penalty": 0}, "repetition_penalty", "must be > 0"),
@@ -303,7 +304,7 @@ INVALID = [
     ("completion", {**COMPLETION, "logprobs": 6}, "logprobs", "must be <= 5"),
     ("completion", {**COMPLETION, "logprobs": True}, "logprobs", "must be an integer or null"),
     ("completion", {**COMPLETION, "echo": 1}, "echo", "must be a boolean or null"),
-    ("completion", {**COMPLETION, "best_of": 2}, "best_of", "must be 1"),
+    ("completion", {**COMPLETION, "best_of": 129}, "best_of", "must be <= 128"),
     ("completion", {**COMPLETION, "suffix": "x"}, "suffix", "not supported"),
     ("completion", {**COMPLETION, "max_completion_tokens": 5}, "max_completion_tokens",
      "unrecognized request argument"),
@@ -390,8 +391,7 @@ def _quirk(endpoint: str, body: Any) -> str | None:
 
     * JSON Schema's ``integer`` admits integral floats (``5.0``); the parser refuses them.
       The schema lets them through and the parser still answers 400 (draft-07 cannot say it).
-    * The parser compares the one supported value with Python's ``==``, so ``n: true`` slips
-      through it; JSON equality keeps ``true`` apart from ``1``, so the schema refuses it.
+    * ``best_of`` must equal ``n``: the parser checks, the schema cannot compare two fields.
     * ``echo`` with ``logprobs`` the parser refuses (the prompt's logprobs are not returned yet).
     * Tools must have different names, and ``tool_choice`` must be ``required`` only with tools and
       name one of them: the parser checks, the schema cannot.
@@ -403,7 +403,8 @@ def _quirk(endpoint: str, body: Any) -> str | None:
     """
     if not isinstance(body, dict):
         return None
-    integer_fields = ["max_tokens", "max_completion_tokens", "top_k", "seed", "top_logprobs", "min_tokens"]
+    integer_fields = ["max_tokens", "max_completion_tokens", "top_k", "seed", "top_logprobs", "min_tokens", "n",
+                      "best_of"]
     if endpoint == "completion":
         integer_fields.append("logprobs")
 
@@ -415,8 +416,8 @@ def _quirk(endpoint: str, body: Any) -> str | None:
     if any(isinstance(body.get(k), float) and body[k].is_integer() for k in integer_fields) \
             or integral_float(body.get("stop_token_ids")) or integral_float(body.get("prompt")):
         return "integral float"
-    if any(body.get(k) is True for k in ("n", "best_of")):
-        return "bool equals number"
+    if body.get("best_of") is not None and body.get("best_of") != (body.get("n") or 1):
+        return "best_of other than n"
     given = body.get("structured_outputs")
     given = given if isinstance(given, dict) else {}
     json_texts = [v for v in (body.get("guided_json"), given.get("json")) if isinstance(v, str)]
@@ -449,8 +450,8 @@ def _quirk(endpoint: str, body: Any) -> str | None:
 KNOWN_DIFFERENCES = [
     ("chat", {**CHAT, "max_tokens": 5.0}, False, True),
     ("completion", {**COMPLETION, "prompt": [1.0, 2.0]}, False, True),
-    ("chat", {**CHAT, "n": True}, True, False),
-    ("completion", {**COMPLETION, "best_of": True}, True, False),
+    ("completion", {**COMPLETION, "best_of": 2}, False, True),
+    ("chat", {**CHAT, "n": 2.0}, False, True),
     ("chat", {**CHAT, "max_tokens": 2, "min_tokens": 3}, False, True),
     ("completion", {**COMPLETION, "echo": True, "logprobs": 1}, False, True),
     ("chat", {**CHAT, "tools": [TOOL, TOOL]}, False, True),
@@ -515,7 +516,7 @@ _VALID = {
     "top_p": st.none() | st.floats(0, 1, exclude_min=True) | st.just(1),
     "top_k": st.none() | st.integers(-1, 100), "seed": st.none() | st.integers(-2**63, 2**63 - 1),
     "stop": st.none() | _NONEMPTY | st.lists(_NONEMPTY, max_size=4),
-    "n": _one(1, 1.0), "best_of": _one(1), "echo": st.none() | st.booleans(), "suffix": _one(),
+    "n": st.none() | st.integers(1, 3), "best_of": _one(1), "echo": st.none() | st.booleans(), "suffix": _one(),
     "presence_penalty": st.none() | st.floats(-2, 2), "frequency_penalty": st.none() | st.integers(-2, 2),
     "repetition_penalty": st.none() | st.floats(0, 10, exclude_min=True), "min_p": st.none() | st.floats(0, 1),
     "min_tokens": st.none() | st.integers(0, 1),

@@ -9,10 +9,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from lamina.choices import fork, merge
 from lamina.testing.contracts import ExecutorContract
 from lamina_hookspecs.errors import ContextLengthError, InvalidRequestError, ServiceUnavailableError
 from lamina_hookspecs.types import ChatMessage, Request, SamplingParams, TokenChunk
@@ -115,6 +117,44 @@ def test_seed_gives_the_same_tokens_whatever_shares_the_batch(tiny_gguf: Path) -
     alone, together, first, second = run(go)
     assert alone == together
     assert first != second, "without a seed two requests should differ"
+
+
+def test_forked_choices_read_the_first_ones_prompt_and_sample_as_they_would_alone(tiny_gguf: Path) -> None:
+    """Three choices of a 42-token prompt (core's forks, as for n = 3): the second and third start
+    from the first's whole prompt blocks (40 tokens, reported as cached), each samples what its
+    seed gives it alone, and once they end, or their merged stream is closed early, no block is
+    held or shared."""
+    prompt = np.random.default_rng(1).integers(3, 200, 42).tolist()
+    request = Request(id="r", model="tiny", prompt_token_ids=prompt, n=3,
+                      sampling=SamplingParams(max_tokens=12, temperature=1.0, seed=7, ignore_eos=True))
+
+    async def idle(executor: JaxExecutor) -> tuple[int, dict[int, int]]:
+        for _ in range(1000):  # aborts are applied at the engine's next step boundary
+            if executor.state().kv_blocks_used == 0:
+                break
+            await asyncio.sleep(0.01)
+        return executor.state().kv_blocks_used, executor.engine.scheduler.blocks.readers
+
+    async def go() -> tuple[list[list[TokenChunk]], list[list[TokenChunk]], tuple[int, dict[int, int]],
+                            tuple[int, dict[int, int]]]:
+        executor = await started(tiny_gguf, block_size=4)
+        alone = [await collect(executor, attrs.evolve(one, id=f"alone-{i}", fork_of=None))
+                 for i, one in enumerate(fork(request))]
+        forked = await asyncio.gather(*(collect(executor, one) for one in fork(request)))
+        after_end = await idle(executor)
+        merged = merge([executor.generate(one) for one in fork(attrs.evolve(request, id="q"))])
+        await anext(merged)
+        await merged.aclose()
+        after_close = await idle(executor)
+        await executor.stop()
+        return alone, forked, after_end, after_close
+
+    alone, forked, after_end, after_close = run(go)
+    assert list(map(tokens_of, forked)) == list(map(tokens_of, alone))
+    assert len({tuple(tokens_of(c)) for c in forked}) == 3, "different seeds should give different choices"
+    assert [c[-1].usage.cached_tokens for c in forked] == [0, 40, 40]
+    assert [c[-1].usage.cached_tokens for c in alone] == [0, 0, 0]
+    assert after_end == (0, {}) and after_close == (0, {})
 
 
 def test_stops_logprobs_and_chat(tiny_gguf: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import attrs
 import pytest
 
 from lamina.testing.streams import encode_stream
@@ -37,6 +38,22 @@ def completion_items() -> list[object]:
         TokenChunk(request_id="cmpl-1", index=1, token_ids=(2, 3), text=" world", logprobs=(-1.0, -0.5)),
         TokenChunk(request_id="cmpl-1", index=3, token_ids=(4,), text="!", finish_reason="stop",
                    usage=Usage(prompt_tokens=3, completion_tokens=4)),
+    ]
+
+
+@pytest.fixture(scope="session")
+def choices_items() -> list[object]:
+    """A chat of two choices (``n`` = 2), interleaved as core merges them: choice 1 ends first."""
+    def chunk(choice: int, index: int, **fields: object) -> TokenChunk:
+        return TokenChunk(request_id="chatcmpl-2", index=index, choice=choice, **fields)
+
+    return [
+        attrs.evolve(CHAT_META, request_id="chatcmpl-2", choices=2),
+        chunk(0, 0, token_ids=(17,), text="Hi"),
+        chunk(1, 0, token_ids=(20,), text="Yo"),
+        chunk(1, 1, token_ids=(21,), text="!", finish_reason="stop", more=True),
+        chunk(0, 1, token_ids=(18,), text=" there"),
+        chunk(0, 2, finish_reason="length", usage=Usage(prompt_tokens=5, completion_tokens=4)),
     ]
 
 

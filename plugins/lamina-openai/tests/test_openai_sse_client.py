@@ -44,6 +44,19 @@ def test_chat_stream(chat_items: list[object], encode: Encode) -> None:
     assert chunks[3].usage.prompt_tokens_details.cached_tokens == 3
 
 
+def test_stream_of_several_choices(choices_items: list[object], encode: Encode) -> None:
+    body = encode(OpenAISseCodec().encoder(), choices_items)
+    with client(body) as c:
+        chunks = list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], n=2,
+                                                stream=True))
+    texts, finishes = ["", ""], [None, None]
+    for ch in chunks:
+        for choice in ch.choices:
+            texts[choice.index] += choice.delta.content or ""
+            finishes[choice.index] = choice.finish_reason or finishes[choice.index]
+    assert texts == ["Hi there", "Yo!"] and finishes == ["length", "stop"]
+
+
 def test_completion_stream(completion_items: list[object], encode: Encode) -> None:
     body = encode(OpenAISseCodec().encoder(), completion_items)
     with client(body) as c:

@@ -6,6 +6,7 @@ import re
 from collections.abc import Callable
 
 import attrs
+import orjson
 import pytest
 
 from lamina_hookspecs.errors import CodecError
@@ -100,6 +101,24 @@ def test_decodes_chat_stream_with_ids_and_usage(chat_items: list[object]) -> Non
     assert items == chat_items
 
 
+def test_several_choices_round_trip(choices_items: list[object], encode: Encode) -> None:
+    body = encode(OpenAISseCodec(include_usage=True).encoder(), choices_items)
+    events = [orjson.loads(e.removeprefix(b"data: ")) for e in body.split(b"\n\n")[:-2]]
+    assert [(c["index"], c["finish_reason"]) for e in events for c in e["choices"]] == [
+        (0, None), (1, None), (1, None), (1, "stop"), (0, None), (0, "length")]
+    assert [c["delta"].get("role") for e in events[:2] for c in e["choices"]] == ["assistant", "assistant"]
+    assert body.count(b"[DONE]") == 1 and events[-1]["usage"]["completion_tokens"] == 4
+    decoder = OpenAISseCodec().decoder()
+    decoded = decoder.feed(body)
+    decoder.close()
+    assert decoded[0] == attrs.evolve(choices_items[0], include_usage=None, choices=1)  # n is not on the wire
+    # a final chunk with tokens decodes as two: its tokens, then its finish
+    split = [*choices_items[1:3], attrs.evolve(choices_items[3], finish_reason=None, more=False),
+             attrs.evolve(choices_items[3], index=2, token_ids=(), text="", finish_reason="stop"),
+             *choices_items[4:]]
+    assert decoded[1:] == split
+
+
 def test_decodes_completion_stream() -> None:
     meta, first, second, bang, final = decode(COMPLETION_SSE)
     assert meta == COMPLETION_META
@@ -177,7 +196,8 @@ def test_sse_syntax_crlf_cr_comments_fields_bom_multiline(chat_items: list[objec
     (COMPLETION_SSE.replace(b'"stop"', b'"content_filter"'), "unknown finish_reason"),
     (COMPLETION_SSE.replace(b'"token_ids":[2,3]', b'"token_ids":[2,"3"]'), "list of integers"),
     (COMPLETION_SSE.replace(b'"top_token_ids":[[1,2]]', b'"top_token_ids":[[1]]'), "top_token_ids"),
-    (COMPLETION_SSE.replace(b'"index":0,"text":" world"', b'"index":1,"text":" world"'), "single-choice"),
+    (COMPLETION_SSE.replace(b'"index":0,"text":" world"', b'"index":-1,"text":" world"'), "negative"),
+    (COMPLETION_SSE.replace(b'"index":0,"text":" world"', b'"index":"0","text":" world"'), "'index' has the wrong type"),
     (COMPLETION_SSE + b"data: [DONE]\n\n", "after 'data: [DONE]'"),
     (CHAT_SSE.replace(b'"finish_reason":"length"', b'"finish_reason":null'), "usage chunk before the finish"),
     (COMPLETION_SSE.replace(b"data: [DONE]\n\n", COMPLETION_SSE.split(b"\n\n")[0] + b"\n\n"), "after the finish"),

@@ -74,7 +74,7 @@ def to_proto_request(request: Request) -> pb.GenerateRequest:
         else:
             setattr(structured, kind, s.structured.spec)
     message = pb.GenerateRequest(request_id=request.id, model=request.model, sampling=sampling,
-                                 user=request.user or "")
+                                 user=request.user or "", fork_of=request.fork_of or "")
     if request.messages is not None:  # tools travel as text: the parser's instructions and the calls made
         message.chat.messages.extend(pb.ChatMessage(role=m["role"], content=m["content"],
                                                     tool_call_id=m.get("tool_call_id", ""))

@@ -39,6 +39,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
 
+import attrs
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -264,7 +265,9 @@ class InferenceService(pb_grpc.InferenceServicer):
                 ctx.tenant = metadata[TENANT_METADATA]
             parse = parse_chat if kind == "chat" else parse_completion
             wait = max_queue_wait(metadata.get(MAX_QUEUE_WAIT_HEADER))
-            chunks = run_request(self.stack, ctx, body, lambda b: bounded(parse(b, request_id, ctx.tenant), wait))
+            fork_of = request.fork_of or None
+            chunks = run_request(self.stack, ctx, body, lambda b: attrs.evolve(
+                bounded(parse(b, request_id, ctx.tenant), wait), fork_of=fork_of))
             async with contextlib.aclosing(chunks):  # type: ignore[type-var]
                 while (chunk := await flight.next(chunks)) is not None:
                     await context.write(write(chunk))

@@ -387,8 +387,16 @@ class Server:
                             headers=headers)
         options = body.get("stream_options") or {}
         meta = StreamMeta(request_id=ctx.request_id, model=request.model, created=int(time.time()),
-                          kind="chat" if kind == "chat" else "completion", include_usage=options.get("include_usage"))
-        return StreamingResponse(self._stream(codec, meta, ctx, first, chunks), media_type=codec.media_type,
+                          kind="chat" if kind == "chat" else "completion", include_usage=options.get("include_usage"),
+                          choices=request.n)
+        encoder = codec.encoder()
+        try:
+            header = encoder.header(meta)
+        except LaminaError as error:  # a codec that cannot write this stream (say, several choices)
+            self.in_flight -= 1
+            await chunks.aclose()  # type: ignore[attr-defined]
+            return error_response(error, ctx.request_id)
+        return StreamingResponse(self._stream(encoder, header, ctx, first, chunks), media_type=codec.media_type,
                                  headers=headers)
 
     async def _shut(self, chunks: AsyncIterator[TokenChunk], ctx: RequestContext) -> Response:
@@ -402,13 +410,13 @@ class Server:
         self.metrics.aborted("client_gone")
         return Response(status_code=CLIENT_CLOSED)
 
-    async def _stream(self, codec: Codec, meta: StreamMeta, ctx: RequestContext, first: TokenChunk,
+    async def _stream(self, encoder: StreamEncoder, header: bytes, ctx: RequestContext, first: TokenChunk,
                       chunks: AsyncIterator[TokenChunk]) -> AsyncIterator[bytes]:
         """The encoded stream, read ahead of the client (`_read_ahead`) so that the request's
         executor never waits on a socket; a client that falls `stream_buffer_bytes` behind is
         aborted (``slow_client``): its engine work is freed and what it holds is bounded."""
         buffer = _StreamBuffer(self.stream_buffer_bytes)
-        reader = asyncio.ensure_future(self._read_ahead(codec.encoder(), meta, ctx, first, chunks, buffer))
+        reader = asyncio.ensure_future(self._read_ahead(encoder, header, ctx, first, chunks, buffer))
         ended = False
         try:
             last = time.monotonic()
@@ -430,18 +438,19 @@ class Server:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(asyncio.gather(reader, return_exceptions=True))
 
-    async def _read_ahead(self, encoder: StreamEncoder, meta: StreamMeta, ctx: RequestContext, first: TokenChunk,
+    async def _read_ahead(self, encoder: StreamEncoder, header: bytes, ctx: RequestContext, first: TokenChunk,
                           chunks: AsyncIterator[TokenChunk], buffer: _StreamBuffer) -> None:
-        """Encode ``chunks`` into ``buffer`` as they come, then end it; on overflow, abort them."""
+        """Encode ``chunks`` into ``buffer`` (after the stream's ``header``) as they come, then end it; on
+        overflow, abort them."""
         try:
-            buffer.put(encoder.header(meta) + encoder.chunk(first), bool(first.token_ids))
-            ended = first.finish_reason is not None
+            buffer.put(header + encoder.chunk(first), bool(first.token_ids))
+            ended = first.is_final
             while not ended and not buffer.overflowed:
                 try:
                     chunk = await self._output(ctx, anext(chunks))
                 except StopAsyncIteration:
                     break
-                ended = chunk.finish_reason is not None
+                ended = chunk.is_final
                 buffer.put(encoder.chunk(chunk), bool(chunk.token_ids))
             if buffer.overflowed and not ended:
                 log.warning("stream_aborted_slow_client", held_bytes=buffer.held, limit_bytes=buffer.limit)

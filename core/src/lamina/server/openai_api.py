@@ -3,7 +3,7 @@
 Parsing checks every field it knows with an error that names it
 (``temperature: must be a number between 0 and 2``); ``null`` means "not given" for every
 optional field. Fields OpenAI defines but Lamina does not support yet, or supports only at one
-value (``n`` > 1), are refused with a 400 rather than silently ignored. Fields it does not know
+value (``best_of`` other than ``n``), are refused with a 400 rather than silently ignored. Fields it does not know
 are refused too: the HTTP server removes them first unless the stack asks for strict fields
 (`unknown_fields`).
 
@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lamina_hookspecs.errors import InvalidRequestError
-from lamina_hookspecs.types import (MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES, STRUCTURED_KINDS,
+from lamina_hookspecs.types import (MAX_CHOICES, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES, STRUCTURED_KINDS,
                                     ChatMessage, Completion, Request, SamplingParams, StructuredOutput, TokenChunk,
                                     TOOL_CHOICE_RULE, TOOL_NAME_PATTERN, TOOL_NAME_RULE, Tool, ToolCall, ToolChoice,
                                     Usage)
@@ -90,8 +90,9 @@ def _check_fields(body: Mapping[str, Any], known: set[str]) -> None:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _fail("model", "required: the id of a model from GET /v1/models")
-    _only(body, "n", lambda v: v == 1, "n = 1")
-    _only(body, "best_of", lambda v: v == 1, "best_of = 1")
+    n = _choices(body)
+    _only(body, "best_of", lambda v: isinstance(v, int) and not isinstance(v, bool) and v == n,
+          "best_of equal to n (every choice generated is returned)")
     _only(body, "suffix", lambda v: False, "no suffix")
     for key in ("stream", "ignore_eos", "parallel_tool_calls", "echo"):
         if body.get(key) is not None and not isinstance(body[key], bool):
@@ -100,6 +101,14 @@ def _check_fields(body: Mapping[str, Any], known: set[str]) -> None:
     if options is not None and (not isinstance(options, Mapping) or set(options) - {"include_usage"}
                                 or not isinstance(options.get("include_usage", False), bool)):
         raise _fail("stream_options", "must be an object with a boolean include_usage")
+
+
+def _choices(body: Mapping[str, Any]) -> int:
+    """The number of choices asked for (``n``)."""
+    n = _integer(body, "n", 1, 1) or 1
+    if n > MAX_CHOICES:
+        raise _fail("n", f"must be between 1 and {MAX_CHOICES}; got {n}")
+    return n
 
 
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
@@ -235,7 +244,7 @@ def parse_completion(body: Mapping[str, Any], request_id: str, tenant: str) -> R
     if echo and logprobs is not None:
         raise _fail("echo", "with logprobs it needs the prompt's logprobs, which Lamina does not return yet")
     return Request(id=request_id, model=body["model"], prompt=text, prompt_token_ids=ids, tenant=tenant,
-                   user=_user(body), stream=bool(body.get("stream", False)), echo=echo,
+                   user=_user(body), stream=bool(body.get("stream", False)), echo=echo, n=_choices(body),
                    sampling=_sampling(body, "max_tokens", 16, logprobs is not None, logprobs or 0))
 
 
@@ -329,7 +338,7 @@ def parse_chat(body: Mapping[str, Any], request_id: str, tenant: str) -> Request
         raise _fail("top_logprobs", f"must be between 0 and {MAX_TOP_LOGPROBS}, with logprobs = true")
     tools = _tools(body)
     return Request(id=request_id, model=body["model"], messages=messages, tenant=tenant, user=_user(body),
-                   stream=bool(body.get("stream", False)),
+                   stream=bool(body.get("stream", False)), n=_choices(body),
                    sampling=_sampling(body, "max_completion_tokens", None, logprobs, top),
                    tools=tools, tool_choice=_tool_choice(body, tools),
                    parallel_tool_calls=_flag(body, "parallel_tool_calls", True))
@@ -464,22 +473,26 @@ def _completion_logprobs(chunks: Sequence[TokenChunk]) -> dict[str, Any]:
 
 
 def completion_body(kind: str, request: Request, chunks: Sequence[TokenChunk]) -> dict[str, Any]:
-    """The OpenAI JSON response of a non-streamed request (``kind`` is ``chat`` or ``completion``)."""
-    result = join(request.id, chunks)
+    """The OpenAI JSON response of a non-streamed request (``kind`` is ``chat`` or ``completion``), from
+    its chunks (of every choice, as one stream)."""
     wants_logprobs = request.sampling.logprobs
-    if kind == "chat":
-        message: dict[str, Any] = {"role": "assistant", "content": result.text}
-        if result.tool_calls:
-            message["content"] = result.text or None
-            message["tool_calls"] = [call.to_openai() for call in result.tool_calls]
-        choice = {"index": 0, "message": message,
-                  "logprobs": _chat_logprobs(chunks) if wants_logprobs else None,
-                  "finish_reason": result.finish_reason}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": result.text,
-                  "logprobs": _completion_logprobs(chunks) if wants_logprobs else None,
-                  "finish_reason": result.finish_reason}
-        obj = "text_completion"
-    return {"id": request.id, "object": obj, "created": int(time.time()), "model": request.model,
-            "choices": [choice], "usage": _usage(result.usage)}
+    final = chunks[-1]
+    choices = []
+    for index in range(request.n):
+        mine = [c for c in chunks if c.choice == index]
+        result = join(request.id, mine)
+        if kind == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": result.text}
+            if result.tool_calls:
+                message["content"] = result.text or None
+                message["tool_calls"] = [call.to_openai() for call in result.tool_calls]
+            choices.append({"index": index, "message": message,
+                            "logprobs": _chat_logprobs(mine) if wants_logprobs else None,
+                            "finish_reason": result.finish_reason})
+        else:
+            choices.append({"index": index, "text": result.text,
+                            "logprobs": _completion_logprobs(mine) if wants_logprobs else None,
+                            "finish_reason": result.finish_reason})
+    usage = final.usage or Usage(prompt_tokens=0, completion_tokens=sum(len(c.token_ids) for c in chunks))
+    return {"id": request.id, "object": "chat.completion" if kind == "chat" else "text_completion",
+            "created": int(time.time()), "model": request.model, "choices": choices, "usage": _usage(usage)}

@@ -5,7 +5,7 @@ the body of ``POST /v1/completions``. They describe exactly what
 ``lamina.server.openai_api.parse_chat``/``parse_completion`` accept: the same field sets
 (unknown fields are refused, ``additionalProperties: false``: the HTTP server removes them
 before admission unless the stack sets ``server.strict_fields``), types and ranges, and the
-fields OpenAI defines that Lamina supports at one value only (``n`` = 1, ...). ``null`` is accepted wherever the parser treats it as "not given".
+fields OpenAI defines that Lamina does not support (``suffix``). ``null`` is accepted wherever the parser treats it as "not given".
 
 The schemas are plain data: dump them with ``json.dumps`` to publish them, or extend a
 copy (a further ``enum``, a tighter ``maximum``) and hand it to
@@ -16,14 +16,14 @@ rule's wording.
 
 Where draft-07 cannot say what the parser says, the schema is more lenient and the parser
 still refuses the body: JSON Schema's ``integer`` admits ``5.0``, which the parser rejects
-for integer fields.
+for integer fields, and ``best_of`` must equal ``n``, which draft-07 cannot compare.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from lamina_hookspecs.types import (MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES, STRUCTURED_KINDS,
+from lamina_hookspecs.types import (MAX_CHOICES, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES, STRUCTURED_KINDS,
                                     TOOL_CHOICE_RULE, TOOL_NAME_PATTERN, TOOL_NAME_RULE)
 
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
@@ -32,11 +32,6 @@ MAX_COMPLETION_LOGPROBS = 5
 
 def _nullable(*types: str) -> dict[str, Any]:
     return {"type": [*types, "null"]}
-
-
-def _only(value: Any, description: str) -> dict[str, Any]:
-    """A field OpenAI defines that Lamina supports at one value (or unset)."""
-    return {"enum": [value, None], "description": description}
 
 
 def _max_tokens(max_tokens_limit: int | None) -> dict[str, Any]:
@@ -84,7 +79,7 @@ def _common(max_tokens_limit: int | None) -> dict[str, Any]:
             "items": {"type": "string", "minLength": 1},
             "description": "a non-empty string or a list of at most 4 of them",
         },
-        "n": _only(1, "Lamina returns one choice per request"),
+        "n": {**_nullable("integer"), "minimum": 1, "maximum": MAX_CHOICES, "description": "the number of choices"},
         "stream": _nullable("boolean"),
         "stream_options": {
             **_nullable("object"), "additionalProperties": False,
@@ -197,7 +192,8 @@ def completion_schema(*, max_prompt_chars: int = 1_000_000, max_tokens_limit: in
         "prompt": prompt,
         "logprobs": {**_nullable("integer"), "minimum": 0, "maximum": MAX_COMPLETION_LOGPROBS},
         "echo": _nullable("boolean"),
-        "best_of": _only(1, "Lamina returns one choice per request"),
+        "best_of": {**_nullable("integer"), "minimum": 1, "maximum": MAX_CHOICES,
+                    "description": "only equal to n: every choice generated is returned"},
         "suffix": {"type": "null", "errorMessage": "not supported", "description": "suffix is not supported"},
     }
     return _body("POST /v1/completions request body", properties, ["model", "prompt"])

@@ -10,10 +10,17 @@ leaves, the whole blocks it computed are offered to the cache, which keeps the o
 copy of; the rest go back to the free list. When the free list runs dry, the cache gives up
 least-recently-used unpinned blocks. Pre-warm prefixes are pinned in the cache so eviction cannot
 take them, and give way only when a request needs their memory.
+
+A forked sequence (another choice of the same request) shares the whole prompt blocks its parent
+computed: those blocks count their extra readers, and a sequence leaving while another still reads
+one of its blocks frees only the blocks nobody else reads and offers the cache nothing; the last
+reader gives them back (or to the cache) as usual. Nobody writes into a shared block: both
+sequences write only past the prompt's shared part.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Iterable
 
@@ -67,6 +74,8 @@ class BlockManager:
         self.kept: dict[PrefixKey, PrefixMatch] = {}
         """Pre-warm prefixes pinned in the cache."""
         self._missing: set[PrefixKey] = set()
+        self.readers: dict[int, int] = {}
+        """Blocks shared by forked sequences: how many sequences read each beside one."""
 
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Make ``seq`` own blocks for ``num_tokens`` positions; False (nothing taken) if memory is short."""
@@ -101,8 +110,33 @@ class BlockManager:
         if not seq.output_ids:
             seq.cached_tokens = usable
 
+    def fork(self, seq: Sequence) -> None:
+        """Start ``seq``'s prefill from what its ``fork_of`` computed: its cached prefix as any sequence
+        takes it, then the parent's other whole prompt blocks, shared (leaving at least one token to
+        compute, for the logits to sample from). A parent that is gone shares nothing."""
+        parent, seq.fork_of = seq.fork_of, None
+        self.reuse_cached_prefix(seq)
+        if parent is None or seq.output_ids:
+            return
+        whole = min(parent.num_computed, len(seq.prompt_ids) - 1, len(parent.blocks) * self.block_size)
+        cache = self.prefix_cache  # the parent's cached blocks are its match's, read by seq through its own
+        shared = list(itertools.takewhile(lambda b: cache is None or not cache.owns(b),
+                                          parent.blocks[len(seq.blocks): whole // self.block_size]))
+        for block in shared:
+            self.readers[block] = self.readers.get(block, 0) + 1
+        seq.blocks.extend(shared)
+        seq.num_computed = seq.cached_tokens = len(seq.blocks) * self.block_size
+
     def release(self, seq: Sequence, *, keep: bool = True) -> None:
-        """Free a sequence's blocks; with a prefix cache, first offer it what was computed (``keep``)."""
+        """Free a sequence's blocks; with a prefix cache, first offer it what was computed (``keep``).
+        Blocks another sequence still reads stay, and then nothing is offered."""
+        shared = [b for b in seq.blocks if b in self.readers]
+        for block in shared:
+            self.readers[block] -= 1
+            if not self.readers[block]:
+                del self.readers[block]
+        if shared:
+            seq.blocks, keep = [b for b in seq.blocks if b not in set(shared)], False
         cache = self.prefix_cache
         if cache is None:
             self.allocator.free(seq.blocks)

@@ -87,6 +87,8 @@ class JaxExecutor:
         self.grammars: Grammars | None = None
         self._outstanding = 0
         self._outstanding_tokens = 0
+        self._live: dict[str, Sequence] = {}
+        """The submitted sequences still streaming, by request id (a forked choice finds its parent here)."""
 
     async def start(self) -> None:
         if self.engine is None:
@@ -318,10 +320,14 @@ class JaxExecutor:
         seq = Sequence(request_id=request.id, prompt_ids=ids, sampling=request.sampling, emit=emit, end_ids=ends,
                        key=request_key(request.sampling.seed), salt=request.tenant.encode(),
                        max_queue_wait_s=request.max_queue_wait_s, matcher=matcher)
+        parent = self._live.get(request.fork_of) if request.fork_of is not None else None
+        if parent is not None and parent.prompt_ids == ids and parent.salt == seq.salt:
+            seq.fork_of = parent
         tokens = len(ids) + (request.sampling.max_tokens or 0)
         self._outstanding += 1
         self._outstanding_tokens += tokens
         engine.submit(seq)
+        self._live[request.id] = seq
         finished = False
         try:
             while True:
@@ -334,6 +340,7 @@ class JaxExecutor:
                 if finished:
                     return
         finally:
+            self._live.pop(request.id, None)
             self._outstanding -= 1
             self._outstanding_tokens -= tokens
             if not finished:

@@ -197,6 +197,8 @@ class Scheduler:
         works: list[PrefillWork] = []
         budget, table_room = self.prefill_chunk, self.table_capacity
         for seq in itertools.islice(self.waiting, min(limit, room)):
+            if seq.fork_of is not None and seq.fork_of in self.waiting:
+                break  # a forked choice starts once its parent's prompt is computed (it reads its blocks)
             work = self._chunk(seq, budget, table_room)
             if work is None:
                 break
@@ -210,7 +212,10 @@ class Scheduler:
     def _chunk(self, seq: Sequence, budget: int, table_room: int) -> PrefillWork | None:
         """The next chunk of ``seq``, at most ``budget`` tokens, if ``seq`` then owns at most
         ``table_room`` blocks; ``None`` if it would not, or if memory is short."""
-        self.blocks.reuse_cached_prefix(seq)
+        if seq.fork_of is not None:
+            self.blocks.fork(seq)
+        else:
+            self.blocks.reuse_cached_prefix(seq)
         start = seq.num_computed
         end = min(start + budget, seq.prefill_target)
         if blocks_for(end, self.block_size) > table_room or not self.blocks.grow(seq, end):

@@ -22,7 +22,9 @@ class Sequence:
     decoding sequence has all but its last token computed; that token is the next input.
     ``queue_s`` is how long it waited from submission to its first prefill chunk; one that has not
     started ``max_queue_wait_s`` after submission is failed (`Scheduler.expire`). A ``warm``
-    sequence computes a pre-warm prefix for the cache; nobody reads its output.
+    sequence computes a pre-warm prefix for the cache; nobody reads its output. A sequence with a
+    ``fork_of`` (another choice of the same request, `n` > 1) starts once that one's prompt is
+    computed, reading its whole blocks instead of computing them again.
     """
 
     request_id: str
@@ -41,6 +43,7 @@ class Sequence:
     queue_s: float | None = None
     max_queue_wait_s: float | None = None
     warm: bool = False
+    fork_of: Sequence | None = None
     end_ids: frozenset[int] = frozenset()
     """The ids that would end it (end of sequence unless ignored, stop tokens): held back by ``min_tokens``."""
 

@@ -5,7 +5,9 @@ events, each ``data: {json}`` followed by a blank line: content chunks, one chun
 empty delta (or text) and the ``finish_reason``, optionally a usage chunk (``"choices": []``),
 then ``data: [DONE]``. An error mid-stream is ``data: {"error": {...}}`` then ``data: [DONE]``.
 The official ``openai`` client parses it unchanged. A final ``TokenChunk`` that still carries
-tokens is written as a content chunk followed by the finish chunk (and decodes as two).
+tokens is written as a content chunk followed by the finish chunk (and decodes as two). With
+several choices (``n``), their chunks interleave, each naming its choice's ``index``, and every
+choice has its own finish chunk; the usage chunk and ``[DONE]`` come once, at the end.
 
 Two choice fields that OpenAI's format lacks (and its clients ignore) let the decoder
 round-trip a :class:`~lamina_hookspecs.types.TokenChunk`:
@@ -81,8 +83,8 @@ class SseEncoder:
         self.include_usage = include_usage
         self._meta: StreamMeta | None = None
         self._envelope = b""  # 'data: {"id":...,"model":...,"choices":' — the same in every chunk
-        self._role_sent = False
-        self._offset = 0  # characters of text written so far (completion text_offset)
+        self._role_sent: set[int] = set()  # the choices whose first chat chunk is written
+        self._offsets: dict[int, int] = {}  # per choice, characters of text written so far (completion text_offset)
 
     def header(self, meta: StreamMeta) -> bytes:
         """Nothing: SSE repeats the metadata in every chunk, so it is only remembered (with the
@@ -101,13 +103,15 @@ class SseEncoder:
             raise CodecError("openai-sse: chunk() before header()")
         out = bytearray()
         carries = chunk.text or chunk.token_ids or chunk.logprobs is not None or chunk.tool_calls
-        if not chunk.is_final or carries or (meta.kind == "chat" and not self._role_sent):
+        ends = chunk.finish_reason is not None
+        if not ends or carries or (meta.kind == "chat" and chunk.choice not in self._role_sent):
             choice = self._chat_choice(chunk) if meta.kind == "chat" else self._completion_choice(chunk)
             out += self._chunk_event([choice])
-        if chunk.is_final:
+        if ends:
             body: dict[str, Any] = {"delta": {}} if meta.kind == "chat" else {"text": ""}
-            out += self._chunk_event([{"index": 0, **body, "logprobs": None,
-                                             "finish_reason": chunk.finish_reason}])
+            out += self._chunk_event([{"index": chunk.choice, **body, "logprobs": None,
+                                       "finish_reason": chunk.finish_reason}])
+        if chunk.is_final:
             if self.include_usage and chunk.usage is not None:
                 out += self._chunk_event([], usage=chunk.usage)
             out += _DONE
@@ -130,8 +134,8 @@ class SseEncoder:
         return self._envelope + orjson.dumps(choices) + b',"usage":' + usage_json + b"}\n\n"
 
     def _chat_choice(self, chunk: TokenChunk) -> dict[str, Any]:
-        delta: dict[str, Any] = {} if self._role_sent else {"role": "assistant"}
-        self._role_sent = True
+        delta: dict[str, Any] = {} if chunk.choice in self._role_sent else {"role": "assistant"}
+        self._role_sent.add(chunk.choice)
         delta["content"] = chunk.text or (None if chunk.tool_calls else "")
         if chunk.tool_calls:
             delta["tool_calls"] = [_tool_call(d) for d in chunk.tool_calls]
@@ -144,7 +148,7 @@ class SseEncoder:
                                   for a in alts]}
                 for text, logprob, alts in zip(_token_texts(chunk), chunk.logprobs, tops, strict=True)
             ]}
-        return _with_ids({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None},
+        return _with_ids({"index": chunk.choice, "delta": delta, "logprobs": logprobs, "finish_reason": None},
                          chunk, tops)
 
     def _completion_choice(self, chunk: TokenChunk) -> dict[str, Any]:
@@ -152,7 +156,7 @@ class SseEncoder:
         tops = [_first_per_text(alts) for alts in _alternatives(chunk)]
         if chunk.logprobs is not None:
             texts = _token_texts(chunk)
-            offsets, offset = [], self._offset
+            offsets, offset = [], self._offsets.get(chunk.choice, 0)
             for text in texts:
                 offsets.append(offset)
                 offset += len(text)
@@ -163,8 +167,8 @@ class SseEncoder:
                 else [{a.text: a.logprob for a in alts} for alts in tops],
                 "text_offset": offsets,
             }
-        self._offset += len(chunk.text)
-        return _with_ids({"index": 0, "text": chunk.text, "logprobs": logprobs, "finish_reason": None},
+        self._offsets[chunk.choice] = self._offsets.get(chunk.choice, 0) + len(chunk.text)
+        return _with_ids({"index": chunk.choice, "text": chunk.text, "logprobs": logprobs, "finish_reason": None},
                          chunk, tops)
 
 
@@ -215,13 +219,14 @@ def _with_ids(choice: dict[str, Any], chunk: TokenChunk, tops: Sequence[Sequence
 
 class SseDecoder:
     """Decodes one stream: ``StreamMeta`` from the first chunk, then ``TokenChunk``s and
-    ``StreamError``s. The finish chunk is held until the usage chunk or ``[DONE]`` follows,
-    so the final ``TokenChunk`` carries ``finish_reason`` and ``usage`` together."""
+    ``StreamError``s. A finish chunk is held until the next event: a usage chunk or ``[DONE]``
+    makes it the final ``TokenChunk`` (with the usage), a chunk of another choice makes it the end of
+    its choice only (``more``)."""
 
     def __init__(self, *, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._parser = SseParser(max_event_bytes=max_event_bytes)
         self._meta: StreamMeta | None = None
-        self._index = 0
+        self._indexes: dict[int, int] = {}  # per choice, the tokens decoded so far
         self._final: TokenChunk | None = None
         self._done = False
 
@@ -267,13 +272,16 @@ class SseDecoder:
                 raise CodecError("openai-sse: usage chunk before the finish chunk")
             self._final = attrs.evolve(self._final, usage=_usage(usage))
             return [*items, *self._flush()]
-        if self._final is not None:
-            raise CodecError("openai-sse: chunk after the finish chunk")
-        if len(choices) != 1 or not isinstance(choices[0], dict) or choices[0].get("index") != 0:
-            raise CodecError("openai-sse: only single-choice streams (one choice, index 0) are supported")
+        if len(choices) != 1 or not isinstance(choices[0], dict):
+            raise CodecError("openai-sse: a chunk must carry one choice")
         chunk = self._chunk(choices[0])
-        self._index += len(chunk.token_ids)
-        if chunk.is_final:
+        if self._final is not None:
+            if self._final.choice == chunk.choice:
+                raise CodecError("openai-sse: chunk after the finish chunk of its choice")
+            items.append(attrs.evolve(self._final, more=True))
+            self._final = None
+        self._indexes[chunk.choice] = chunk.index + len(chunk.token_ids)
+        if chunk.finish_reason is not None:
             self._final = chunk
         elif chunk.text or chunk.token_ids or chunk.logprobs is not None or chunk.tool_calls:
             items.append(chunk)
@@ -295,9 +303,13 @@ class SseDecoder:
         if finish is not None and finish not in _FINISH_REASONS:
             raise CodecError(f"openai-sse: unknown finish_reason {finish!r}")
         top_ids = _field(choice, "top_token_ids", (list, type(None)), "choice", None)
+        number = _field(choice, "index", int, "choice")
+        if number < 0:
+            raise CodecError(f"openai-sse: choice index {number} is negative")
         return TokenChunk(
             request_id=meta.request_id,
-            index=self._index,
+            index=self._indexes.get(number, 0),
+            choice=number,
             token_ids=_ints(_field(choice, "token_ids", list, "choice", []), "token_ids"),
             text=text,
             logprobs=logprobs,

@@ -14,7 +14,7 @@ import struct
 from collections.abc import Sequence
 from typing import Final
 
-from lamina_hookspecs.errors import CodecError
+from lamina_hookspecs.errors import CodecError, InvalidRequestError
 from lamina_hookspecs.protocols import StreamItem
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import StreamError, StreamMeta, TokenChunk, ToolCallDelta, TopLogprob, Usage
@@ -72,6 +72,11 @@ class StcEncoder:
         self._position = 0  # the index the next chunk has unless its frame says otherwise
 
     def header(self, meta: StreamMeta) -> bytes:
+        """The HEADER frame; a stream of several choices is refused (STC frames carry one)."""
+        if meta.choices > 1:
+            raise InvalidRequestError(f"n: the stc codec streams one choice, and this request asks for "
+                                      f"{meta.choices}; stream it as text/event-stream, or send it unstreamed",
+                                      param="n")
         body = bytearray((wire.HEADER, wire.KINDS.index(meta.kind), _INCLUDE_USAGE_CODES[meta.include_usage]))
         body += wire.string(meta.request_id, wire.MAX_NAME_BYTES, "request id")
         body += wire.string(meta.model, wire.MAX_NAME_BYTES, "model")
