@@ -182,6 +182,8 @@ def test_bearer_token(header: str | None, token: str | None) -> None:
     ({"messages": [{"role": "user", "content": "abcd"}], "max_completion_tokens": 7}, 4 + 1 + 7),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "abcd"}]}]}, 100),
     ({"prompt": "abcd"}, 100),
+    ({"prompt": [1, 2, 3], "max_tokens": 5, "n": 3}, 3 + 3 * 5),
+    ({"prompt": [1, 2, 3], "max_tokens": 5, "n": True}, 3 + 5),
 ])
 def test_token_cost_is_prompt_estimate_plus_max_tokens(body: dict[str, Any], tokens: int) -> None:
     assert estimate_tokens(body, context_length=100) == tokens

@@ -38,8 +38,9 @@ def bearer_token(authorization: str | None) -> str | None:
 
 
 def estimate_tokens(body: Mapping[str, Any], context_length: int) -> int:
-    """Prompt tokens (estimated) plus the most tokens the request may generate: what a
-    token rate limit charges. A request without ``max_tokens`` may run to the context's end."""
+    """Prompt tokens (estimated) plus the most tokens the request may generate (in each of its ``n``
+    choices): what a token rate limit charges. A request without ``max_tokens`` may run to the
+    context's end."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
@@ -57,7 +58,9 @@ def estimate_tokens(body: Mapping[str, Any], context_length: int) -> int:
             prompt_tokens += MESSAGE_OVERHEAD_TOKENS + -(-len(text.encode()) // BYTES_PER_TOKEN)
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     completion = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
-    return prompt_tokens + (completion if completion is not None else max(context_length - prompt_tokens, 0))
+    n = body.get("n")
+    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+    return prompt_tokens + choices * (completion if completion is not None else max(context_length - prompt_tokens, 0))
 
 
 @attrs.define

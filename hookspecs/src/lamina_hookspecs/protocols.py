@@ -188,8 +188,9 @@ class RateLimiter(Protocol):
 
     Core reads ``key_by`` and ``unit`` to call ``acquire`` with the request's key (its
     tenant, its API key's id, or its client address) and cost (1 per request, or the
-    prompt's estimated tokens plus ``max_tokens``). ``acquire`` runs on the event loop, so an
-    in-process limiter needs no lock; it must keep memory bounded however many keys it sees.
+    prompt's estimated tokens plus ``max_tokens`` for each of its ``n`` choices). ``acquire``
+    runs on the event loop, so an in-process limiter needs no lock; it must keep memory bounded
+    however many keys it sees.
     """
 
     key_by: Literal["tenant", "api_key", "client"]

@@ -58,7 +58,7 @@ class LimiterOptions:
     key_by: Literal["tenant", "api_key", "client"] = attrs.field(default="tenant", metadata={
         "help": "what a limit applies to: each tenant, each API key, or each client address"})
     unit: Literal["requests", "tokens"] = attrs.field(default="requests", metadata={
-        "help": "what is counted: 1 per request, or its estimated prompt tokens plus max_tokens"})
+        "help": "what is counted: 1 per request, or its estimated prompt tokens plus max_tokens per choice"})
 
 
 @attrs.frozen(kw_only=True)
