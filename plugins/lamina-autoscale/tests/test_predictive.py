@@ -8,7 +8,7 @@ from lamina.testing.contracts import AutoscalerContract
 from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.types import BackendState, PoolSnapshot
 
-from lamina_autoscale.predictive import Predictive, PredictiveOptions, lead_time, percentile, slope
+from lamina_autoscale.predictive import Predictive, PredictiveOptions, lead_time, slope
 
 
 class TestPredictiveContract(AutoscalerContract):
@@ -34,13 +34,6 @@ def snap(now: float, rate: float, serving: int = 4, *, cold_starts: tuple[float,
                                   kv_blocks_used=round(kv * 100), kv_blocks_total=100) for i in range(serving))
     return PoolSnapshot(now=now, backends=backends, arrival_rate=rate, cold_starts_s=cold_starts)
 
-
-def test_percentile_is_linear_interpolation() -> None:
-    values = [7.0, 1.0, 3.0, 10.0, 4.0]
-    for q in (0, 10, 50, 90, 100):
-        assert percentile(values, q) == pytest.approx(statistics.quantiles(values, n=100, method="inclusive")[q - 1]
-                                                      if 0 < q < 100 else (min(values) if q == 0 else max(values)))
-    assert percentile([5.0], 90) == 5.0
 
 
 def test_lead_time_is_p90_plus_two_sigma_clamped() -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lamina_hookspecs.stats import percentile
 from lamina.bench.load import Record
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -46,16 +47,6 @@ def parse_slo(text: str | None) -> dict[str, float]:
             raise ValueError(f"bad SLO {part!r}: use KEY=DURATION with KEY one of {', '.join(SLO_METRICS)}")
         slos[key] = parse_duration(value)
     return slos
-
-
-def percentile(values: Sequence[float], q: float, *, presorted: bool = False) -> float | None:
-    """The ``q``-th percentile (0-100) with linear interpolation (numpy's default); None if empty."""
-    if not values:
-        return None
-    data = values if presorted else sorted(values)
-    pos = (len(data) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
 
 
 def describe(values: Sequence[float]) -> dict[str, float | None]:

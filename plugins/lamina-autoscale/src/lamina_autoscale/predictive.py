@@ -27,13 +27,13 @@ and starts a replica when the arrival-rate trend says one will be needed within 
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 
 import attrs
 
 from lamina_hookspecs.registration import BuildContext
+from lamina_hookspecs.stats import percentile
 from lamina_hookspecs.types import PoolSnapshot, ScaleDecision
 from lamina_autoscale._pool import (
     Window, ceil_ratio, check_bounds, cooldown_field, drain_names, floor, max_replicas_field, min_replicas_field,
@@ -76,22 +76,15 @@ class PredictiveOptions:
         check_bounds(self)
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) by linear interpolation between order statistics."""
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
 def lead_time(cold_starts_s: Sequence[float], clamp: tuple[float, float]) -> float:
     """P90 + 2σ of the cold starts, within ``clamp``; its upper end when there are none."""
     lo, hi = clamp
     if not cold_starts_s:
         return hi
     sigma = statistics.stdev(cold_starts_s) if len(cold_starts_s) > 1 else 0.0
-    return min(max(percentile(cold_starts_s, 90) + 2 * sigma, lo), hi)
+    p90 = percentile(cold_starts_s, 90)
+    assert p90 is not None
+    return min(max(p90 + 2 * sigma, lo), hi)
 
 
 def slope(points: Sequence[tuple[float, float]]) -> float:
