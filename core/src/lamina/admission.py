@@ -15,18 +15,11 @@ from typing import Any
 
 import attrs
 
-from lamina_hookspecs import layers
+from lamina_hookspecs import estimate, layers
 from lamina_hookspecs.errors import RateLimitError
 from lamina_hookspecs.layers import Layer
 from lamina_hookspecs.protocols import Breaker
 from lamina_hookspecs.types import RequestContext
-
-BYTES_PER_TOKEN = 4
-"""Prompts are not tokenized before admission; token limits count ~4 UTF-8 bytes per token
-(the usual rule of thumb for English BPE vocabularies), and token-id prompts exactly."""
-MESSAGE_OVERHEAD_TOKENS = 4
-"""Chat-template tokens added per message (role markers, separators)."""
-
 
 def bearer_token(authorization: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header or gRPC metadata value
@@ -38,29 +31,27 @@ def bearer_token(authorization: str | None) -> str | None:
 
 
 def estimate_tokens(body: Mapping[str, Any], context_length: int) -> int:
-    """Prompt tokens (estimated) plus the most tokens the request may generate (in each of its ``n``
-    choices): what a token rate limit charges. A request without ``max_tokens`` may run to the
-    context's end."""
+    """What a token rate limit charges a request body not parsed yet: its prompt's estimated tokens
+    plus the most tokens it may generate, as :mod:`lamina_hookspecs.estimate` counts them."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
-    if isinstance(prompt, list):
-        prompt_tokens = len(prompt)
-    elif isinstance(prompt, str):
-        prompt_tokens = -(-len(prompt.encode()) // BYTES_PER_TOKEN)
-    else:
-        prompt_tokens = 0
-        for message in body.get("messages") or ():
-            content = message.get("content") if isinstance(message, Mapping) else None
-            if isinstance(content, list):
-                content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
-            text = content if isinstance(content, str) else ""
-            prompt_tokens += MESSAGE_OVERHEAD_TOKENS + -(-len(text.encode()) // BYTES_PER_TOKEN)
+    messages = []
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+        messages.append(content if isinstance(content, str) else "")
+    tokens = estimate.prompt_tokens(text=prompt if isinstance(prompt, str) else None,
+                                    token_ids=prompt if isinstance(prompt, list) else None, messages=messages)
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
-    completion = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
     n = body.get("n")
-    choices = n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
-    return prompt_tokens + choices * (completion if completion is not None else max(context_length - prompt_tokens, 0))
+    return estimate.request_tokens(tokens, limit if _positive_int(limit) else None, context_length,
+                                   n if _positive_int(n) else 1)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 @attrs.define

@@ -32,7 +32,6 @@ from lamina_hookspecs.errors import (
     RequestTimeoutError,
 )
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
-from lamina.admission import BYTES_PER_TOKEN
 from lamina.server.convert import TENANT_METADATA, from_proto, to_proto_request
 from lamina.server.proto.lamina.v1 import inference_pb2 as pb
 from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
@@ -51,17 +50,6 @@ _ERRORS: dict[grpc.StatusCode, type[LaminaError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: RateLimitError,
     grpc.StatusCode.DEADLINE_EXCEEDED: RequestTimeoutError,
 }
-
-
-def _estimate(request: Request, context_length: int) -> int:
-    """Tokens a request will cost its backend: the prompt (exact for token ids, else ~4 UTF-8
-    bytes per token, as token limits estimate) plus its output limit."""
-    if request.prompt_token_ids is not None:
-        prompt = len(request.prompt_token_ids)
-    else:
-        text = request.prompt if request.messages is None else "".join(m.content for m in request.messages)
-        prompt = -(-len((text or "").encode()) // BYTES_PER_TOKEN)
-    return prompt + (request.sampling.max_tokens or max(context_length - prompt, 0))
 
 
 class RemoteExecutor:
@@ -132,7 +120,7 @@ class RemoteExecutor:
         call = self._stub.Generate(to_proto_request(request), metadata=metadata)
         stream = object()
         self._in_flight += 1
-        self._tokens[stream] = _estimate(request, self.model.context_length)
+        self._tokens[stream] = request.estimated_tokens(self.model.context_length)
         try:
             async for chunk in call:
                 self._tokens[stream] = max(self._tokens[stream] - len(chunk.token_ids), 0)

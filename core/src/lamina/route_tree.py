@@ -40,7 +40,6 @@ import attrs
 
 from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.types import Request
-from lamina.admission import BYTES_PER_TOKEN, MESSAGE_OVERHEAD_TOKENS
 
 FEATURES = ("prompt_tokens", "tenant", "model", "user", "intent", "entity_density", "freshness")
 FRESHNESS_TERMS = ("today", "tonight", "yesterday", "tomorrow", "now", "currently", "current", "latest", "recent",
@@ -76,11 +75,7 @@ def prompt_text(request: Request) -> str:
 def features(request: Request, classes: Mapping[str, frozenset[str]]) -> Features:
     """The request's features; ``classes`` maps an intent class to its lower-case keywords."""
     text = prompt_text(request)
-    if request.prompt_token_ids is not None:
-        tokens = len(request.prompt_token_ids)
-    else:
-        overhead = MESSAGE_OVERHEAD_TOKENS * len(request.messages or ())
-        tokens = overhead + -(-len(text.encode()) // BYTES_PER_TOKEN)
+    tokens = request.estimated_prompt_tokens()
     words = _WORD.findall(text)
     lowered = {w.lower() for w in words}
     entities = sum(1 for i, w in enumerate(words)

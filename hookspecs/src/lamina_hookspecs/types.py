@@ -13,6 +13,8 @@ from typing import Any, Literal, get_args
 
 import attrs
 
+from lamina_hookspecs import estimate
+
 FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"]
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = get_args(Role)
@@ -259,6 +261,16 @@ class Request:
         given = [f for f in ("prompt", "prompt_token_ids", "messages") if getattr(self, f) is not None]
         if len(given) != 1:
             raise ValueError(f"exactly one of prompt, prompt_token_ids, messages must be set; got {given}")
+
+    def estimated_prompt_tokens(self) -> int:
+        """The prompt's tokens as :mod:`lamina_hookspecs.estimate` counts them before tokenization."""
+        return estimate.prompt_tokens(text=self.prompt, token_ids=self.prompt_token_ids,
+                                      messages=(m.content for m in self.messages or ()))
+
+    def estimated_tokens(self, context_length: int) -> int:
+        """The most tokens the request may cost (:func:`lamina_hookspecs.estimate.request_tokens`)."""
+        return estimate.request_tokens(self.estimated_prompt_tokens(), self.sampling.max_tokens, context_length,
+                                       self.n)
 
     def template_messages(self, *, template_takes_tools: bool) -> list[dict[str, Any]]:
         """The chat as a chat template reads it: with ``tool_prompt`` as the first system turn (or

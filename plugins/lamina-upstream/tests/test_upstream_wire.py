@@ -110,7 +110,7 @@ def _llama_entry(token_id: int, text: str, logprob: float) -> dict[str, object]:
 
 
 def test_llama_server_chat_events_give_ids_from_logprobs_and_text_held_back_arrives_later() -> None:
-    stream = UpstreamStream("r", chat=True, logprobs=False, prompt_bytes=40)
+    stream = UpstreamStream("r", chat=True, logprobs=False, prompt_tokens=10)
     assert stream.event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]}) is None
     first = stream.event({"choices": [{"index": 0, "finish_reason": None, "delta": {"content": "Hello"},
                                        "logprobs": {"content": [_llama_entry(9906, "Hello", -0.1)]}}]})
@@ -126,18 +126,18 @@ def test_llama_server_chat_events_give_ids_from_logprobs_and_text_held_back_arri
 
 
 def test_post_sampling_probabilities_give_ids_and_no_logprobs() -> None:
-    stream = UpstreamStream("r", chat=True, logprobs=True, prompt_bytes=4)
+    stream = UpstreamStream("r", chat=True, logprobs=True, prompt_tokens=1)
     chunk = stream.event({"choices": [{"delta": {"content": "Hi"}, "logprobs": {"content": [
         {"id": 5, "token": "Hi", "prob": 1.0, "bytes": [72, 105], "top_probs": [{"id": 5, "token": "Hi", "prob": 1.0}]}]}}]})
     assert chunk.token_ids == (5,) and chunk.logprobs is None and chunk.top_logprobs is None
 
 
 def test_logprobs_pass_on_in_both_formats_when_asked() -> None:
-    chat = UpstreamStream("r", chat=True, logprobs=True, prompt_bytes=4)
+    chat = UpstreamStream("r", chat=True, logprobs=True, prompt_tokens=1)
     chunk = chat.event({"choices": [{"delta": {"content": "Hi"},
                                      "logprobs": {"content": [_llama_entry(5, "Hi", -0.5)]}}]})
     assert chunk.logprobs == (-0.5,) and chunk.top_logprobs[0][0].token_id == 5
-    legacy = UpstreamStream("r", chat=False, logprobs=True, prompt_bytes=4)
+    legacy = UpstreamStream("r", chat=False, logprobs=True, prompt_tokens=1)
     chunk = legacy.event({"choices": [{"text": " a b", "token_ids": [10, 11], "top_token_ids": [[10, 3], [11, 4]],
                                        "logprobs": {"tokens": [" a", " b"], "token_logprobs": [-1.0, -2.0],
                                                     "top_logprobs": [{" a": -1.0, " c": -3.0}, {" b": -2.0}]}}]})
@@ -147,7 +147,7 @@ def test_logprobs_pass_on_in_both_formats_when_asked() -> None:
 
 
 def test_a_stream_without_usage_estimates_the_prompt_and_counts_its_own_tokens() -> None:
-    stream = UpstreamStream("r", chat=False, logprobs=False, prompt_bytes=40)
+    stream = UpstreamStream("r", chat=False, logprobs=False, prompt_tokens=10)
     stream.event({"choices": [{"text": "x", "token_ids": [1]}]})
     stream.event({"choices": [{"text": "", "finish_reason": "tool_calls"}]})
     final = stream.final()
@@ -156,7 +156,7 @@ def test_a_stream_without_usage_estimates_the_prompt_and_counts_its_own_tokens()
 
 
 def test_stream_errors_and_cut_streams_are_lamina_errors() -> None:
-    stream = UpstreamStream("r", chat=False, logprobs=False, prompt_bytes=1)
+    stream = UpstreamStream("r", chat=False, logprobs=False, prompt_tokens=1)
     with pytest.raises(ServiceUnavailableError) as busy:
         stream.event({"error": {"message": "too slow", "type": "service_unavailable", "code": "slow_client"}})
     assert busy.value.code == "slow_client" and "too slow" in busy.value.message

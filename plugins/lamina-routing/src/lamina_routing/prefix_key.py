@@ -17,9 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from hashlib import blake2b
 
+from lamina_hookspecs.estimate import BYTES_PER_TOKEN
 from lamina_hookspecs.types import ChatMessage, Request
-
-BYTES_PER_TOKEN = 4
 
 
 def prefix_key(request: Request, *, prefix_blocks: int, block_tokens: int) -> int:

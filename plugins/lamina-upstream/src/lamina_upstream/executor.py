@@ -36,7 +36,7 @@ from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
 from lamina_upstream.options import ENGINES, OWNED_BY, Engine, UpstreamOptions
 from lamina_upstream.upstream_body import CHAT_PATH, upstream_call
 from lamina_upstream.upstream_load import HEALTH_PATH, UpstreamLoad, load_from_metrics, load_from_slots
-from lamina_upstream.upstream_stream import BYTES_PER_TOKEN, UpstreamStream
+from lamina_upstream.upstream_stream import UpstreamStream
 from lamina_upstream.upstream_tokens import (DETOKENIZE_PATH, TEMPLATE_PATH, TOKENIZE_PATH, answer,
                                              detokenize_body, template_body, tokenize_body)
 
@@ -164,10 +164,11 @@ class UpstreamExecutor:
 
     async def _stream(self, request: Request, path: str, body: Mapping[str, Any]) -> AsyncIterator[TokenChunk]:
         assert self._client is not None
-        prompt_bytes = len(orjson.dumps(body.get("messages") or body.get("prompt")))
-        budget = request.sampling.max_tokens or self.model.context_length
+        prompt = request.estimated_prompt_tokens()
+        total = request.estimated_tokens(self.model.context_length)
+        budget = total - prompt
         stream_key = object()
-        self._streams[stream_key] = prompt_bytes // BYTES_PER_TOKEN + budget
+        self._streams[stream_key] = total
         try:
             await self._enter(request)
             try:
@@ -177,7 +178,7 @@ class UpstreamExecutor:
                         await response.aread()
                         raise _http_error(response, self.options.url)
                     reader = UpstreamStream(request.id, chat=path == CHAT_PATH, logprobs=request.sampling.logprobs,
-                                            prompt_bytes=prompt_bytes)
+                                            prompt_tokens=prompt)
                     async for data in _event_data(response):
                         if data == "[DONE]":  # read on to the body's end, so the connection can be reused
                             continue

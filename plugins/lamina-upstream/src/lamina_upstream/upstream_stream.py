@@ -21,9 +21,6 @@ from typing import Any
 from lamina_hookspecs.errors import InternalError, InvalidRequestError, LaminaError, ServiceUnavailableError
 from lamina_hookspecs.types import FinishReason, TokenChunk, TopLogprob, Usage
 
-BYTES_PER_TOKEN = 4
-"""Prompt tokens estimated per UTF-8 byte of the prompt when the upstream reports no usage."""
-
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 """Upstream finish reasons kept as they are; any other (``tool_calls``, ``content_filter``) ends as ``stop``."""
 
@@ -44,9 +41,10 @@ def error_from_event(error: object) -> LaminaError:
 class UpstreamStream:
     """Reads one upstream stream's events in order; :meth:`final` after the last."""
 
-    def __init__(self, request_id: str, *, chat: bool, logprobs: bool, prompt_bytes: int) -> None:
+    def __init__(self, request_id: str, *, chat: bool, logprobs: bool, prompt_tokens: int) -> None:
         self.request_id, self.chat, self.logprobs = request_id, chat, logprobs
-        self.prompt_bytes = prompt_bytes
+        self.prompt_tokens = prompt_tokens
+        """The prompt's estimated tokens, reported when the upstream reports no usage."""
         self.emitted = 0
         self.finish: FinishReason | None = None
         self.usage: Mapping[str, Any] | None = None
@@ -82,7 +80,7 @@ class UpstreamStream:
         usage = self.usage or {}
         details = usage.get("prompt_tokens_details") or {}
         return TokenChunk(request_id=self.request_id, index=self.emitted, finish_reason=self.finish, usage=Usage(
-            prompt_tokens=int(usage.get("prompt_tokens", max(self.prompt_bytes // BYTES_PER_TOKEN, 1))),
+            prompt_tokens=int(usage.get("prompt_tokens", self.prompt_tokens)),
             completion_tokens=int(usage.get("completion_tokens", self.emitted)),
             cached_tokens=int(details.get("cached_tokens") or 0)))
 
