@@ -161,5 +161,4 @@ class RemoteExecutor:
             name=self.name, model=self.model.id, healthy=r.healthy, draining=r.draining,
             outstanding_requests=r.outstanding_requests, outstanding_tokens=r.outstanding_tokens,
             queue_depth=r.queue_depth, kv_blocks_used=r.kv_blocks_used, kv_blocks_total=r.kv_blocks_total,
-            recent_latency_s=r.recent_latency_s if r.HasField("recent_latency_s") else None,
             tokens_per_s=r.tokens_per_s, preemptions=r.preemptions)

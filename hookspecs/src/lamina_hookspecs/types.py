@@ -409,7 +409,6 @@ class BackendState:
     queue_depth: int = 0
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
-    recent_latency_s: float | None = None
     tokens_per_s: float = 0.0
     circuit_open: bool = False
     preemptions: int = 0

@@ -309,14 +309,13 @@ class InferenceService(pb_grpc.InferenceServicer):
 
     async def GetState(self, request: pb.GetStateRequest, context: Context) -> pb.BackendStateReply:  # noqa: N802
         states = [executor.state() for executor in self.stack.backends.values()]
-        latencies = [s.recent_latency_s for s in states if s.recent_latency_s is not None]
         return pb.BackendStateReply(
             healthy=all(s.healthy for s in states), draining=self.draining or any(s.draining for s in states),
             outstanding_requests=sum(s.outstanding_requests for s in states),
             outstanding_tokens=sum(s.outstanding_tokens for s in states),
             queue_depth=sum(s.queue_depth for s in states), kv_blocks_used=sum(s.kv_blocks_used for s in states),
             kv_blocks_total=sum(s.kv_blocks_total for s in states),
-            recent_latency_s=max(latencies) if latencies else None, tokens_per_s=sum(s.tokens_per_s for s in states),
+            tokens_per_s=sum(s.tokens_per_s for s in states),
             preemptions=sum(s.preemptions for s in states))
 
     async def ListModels(self, request: pb.ListModelsRequest, context: Context) -> pb.ListModelsReply:  # noqa: N802

@@ -244,7 +244,7 @@ class GetStateRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BackendStateReply(_message.Message):
-    __slots__ = ("healthy", "draining", "outstanding_requests", "outstanding_tokens", "queue_depth", "kv_blocks_used", "kv_blocks_total", "recent_latency_s", "tokens_per_s", "preemptions")
+    __slots__ = ("healthy", "draining", "outstanding_requests", "outstanding_tokens", "queue_depth", "kv_blocks_used", "kv_blocks_total", "tokens_per_s", "preemptions")
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     OUTSTANDING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -252,7 +252,6 @@ class BackendStateReply(_message.Message):
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_USED_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
-    RECENT_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     healthy: bool
@@ -262,7 +261,6 @@ class BackendStateReply(_message.Message):
     queue_depth: int
     kv_blocks_used: int
     kv_blocks_total: int
-    recent_latency_s: float
     tokens_per_s: float
     preemptions: int
-    def __init__(self, healthy: _Optional[bool] = ..., draining: _Optional[bool] = ..., outstanding_requests: _Optional[int] = ..., outstanding_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., recent_latency_s: _Optional[float] = ..., tokens_per_s: _Optional[float] = ..., preemptions: _Optional[int] = ...) -> None: ...
+    def __init__(self, healthy: _Optional[bool] = ..., draining: _Optional[bool] = ..., outstanding_requests: _Optional[int] = ..., outstanding_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., preemptions: _Optional[int] = ...) -> None: ...
