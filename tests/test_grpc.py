@@ -128,7 +128,7 @@ BAD = [
     (text("hi", max_tokens=0), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),
     (text("hi", temperature=2.5), grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
     (text("hi", top_p=0), grpc.StatusCode.INVALID_ARGUMENT, "top_p"),
-    (text("hi", stop=["a", "b", "c", "d", "e"]), grpc.StatusCode.INVALID_ARGUMENT, "stop"),
+    (text("hi", stop=["a"] * 65), grpc.StatusCode.INVALID_ARGUMENT, "stop"),
     (text("hi", top_logprobs=3), grpc.StatusCode.INVALID_ARGUMENT, "top_logprobs"),
     (text("w " * 60, max_tokens=10), grpc.StatusCode.INVALID_ARGUMENT, "context length"),
     (pb.GenerateRequest(request_id="bad id\n", model="echo", text="hi"), grpc.StatusCode.INVALID_ARGUMENT,

@@ -195,6 +195,12 @@ def test_several_choices_streamed_and_not_through_the_openai_client(echo: Any) -
     assert texts == ["p q rp q r"] * 2 and finishes == ["stop"] * 2 and usage.completion_tokens == 6
 
 
+def test_more_stop_strings_than_openai_takes(echo: Any) -> None:
+    stops = [f"never{i}" for i in range(9)] + [" c"]
+    reply = client(echo).completions.create(model="echo", prompt="a b c d", stop=stops)
+    assert reply.choices[0].text == "a b" and reply.choices[0].finish_reason == "stop"
+
+
 def test_echo_puts_the_prompt_before_the_completion(echo: Any) -> None:
     c = client(echo)
     assert c.completions.create(model="echo", prompt="x y", echo=True).choices[0].text == "x yx y"

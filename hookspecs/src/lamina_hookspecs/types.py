@@ -25,6 +25,9 @@ MAX_TOP_LOGPROBS = 20
 """The most alternatives per token a request may ask for (OpenAI's limit)."""
 MAX_LOGIT_BIAS = 300
 """The most token ids one request's ``logit_bias`` may name."""
+MAX_STOPS = 64
+"""The most ``stop`` strings one request may give (OpenAI takes 4, vLLM any number; bounded so that
+checking the text for them stays cheap)."""
 MAX_CHOICES = 128
 """The most choices (``n``) one request may ask for (OpenAI's limit)."""
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lamina_hookspecs.errors import InvalidRequestError
-from lamina_hookspecs.types import (MAX_CHOICES, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES, STRUCTURED_KINDS,
+from lamina_hookspecs.types import (MAX_CHOICES, MAX_LOGIT_BIAS, MAX_STOPS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES, STRUCTURED_KINDS,
                                     ChatMessage, Completion, Request, SamplingParams, StructuredOutput, TokenChunk,
                                     TOOL_CHOICE_RULE, TOOL_NAME_PATTERN, TOOL_NAME_RULE, Tool, ToolCall, ToolChoice,
                                     Usage)
@@ -116,8 +116,8 @@ def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:
     if stop is None:
         return ()
     stops = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stops, list) or len(stops) > 4 or not all(isinstance(s, str) and s for s in stops):
-        raise _fail("stop", "must be a non-empty string or a list of at most 4 of them")
+    if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
+        raise _fail("stop", f"must be a non-empty string or a list of at most {MAX_STOPS} of them")
     return tuple(stops)
 
 

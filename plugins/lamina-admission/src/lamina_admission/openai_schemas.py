@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lamina_hookspecs.types import (MAX_CHOICES, MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES, STRUCTURED_KINDS,
+from lamina_hookspecs.types import (MAX_CHOICES, MAX_LOGIT_BIAS, MAX_STOPS, MAX_TOP_LOGPROBS, ROLE_ALIASES, ROLES, STRUCTURED_KINDS,
                                     TOOL_CHOICE_RULE, TOOL_NAME_PATTERN, TOOL_NAME_RULE)
 
 DRAFT_07 = "http://json-schema.org/draft-07/schema#"
@@ -75,9 +75,9 @@ def _common(max_tokens_limit: int | None) -> dict[str, Any]:
         "top_k": {**_nullable("integer"), "minimum": -1, "description": "0 or -1: no top-k cut"},
         "seed": _nullable("integer"),
         "stop": {
-            **_nullable("string", "array"), "minLength": 1, "maxItems": 4,
+            **_nullable("string", "array"), "minLength": 1, "maxItems": MAX_STOPS,
             "items": {"type": "string", "minLength": 1},
-            "description": "a non-empty string or a list of at most 4 of them",
+            "description": f"a non-empty string or a list of at most {MAX_STOPS} of them",
         },
         "n": {**_nullable("integer"), "minimum": 1, "maximum": MAX_CHOICES, "description": "the number of choices"},
         "stream": _nullable("boolean"),
