@@ -349,7 +349,14 @@ class Server:
         except LaminaError as error:
             self.metrics.rejected(kind, error.http_status, ctx.tenant)
             return error_response(error, ctx.request_id)
-        chunks = run_request(self.stack, ctx, body, lambda b: bounded(parse(b, ctx.request_id, ctx.tenant), wait))
+        def parsed(admitted: Mapping[str, Any]) -> Request:
+            request = bounded(parse(admitted, ctx.request_id, ctx.tenant), wait)
+            if request.stream and request.n > 1:  # a codec that writes one choice refuses before any work starts
+                codec.encoder().header(StreamMeta(request_id=ctx.request_id, model=request.model, created=0,
+                                                  choices=request.n))
+            return request
+
+        chunks = run_request(self.stack, ctx, body, parsed)
         self.in_flight += 1
         try:
             first = await while_connected(http, self._output(ctx, anext(chunks)))
@@ -389,14 +396,7 @@ class Server:
         meta = StreamMeta(request_id=ctx.request_id, model=request.model, created=int(time.time()),
                           kind="chat" if kind == "chat" else "completion", include_usage=options.get("include_usage"),
                           choices=request.n)
-        encoder = codec.encoder()
-        try:
-            header = encoder.header(meta)
-        except LaminaError as error:  # a codec that cannot write this stream (say, several choices)
-            self.in_flight -= 1
-            await chunks.aclose()  # type: ignore[attr-defined]
-            return error_response(error, ctx.request_id)
-        return StreamingResponse(self._stream(encoder, header, ctx, first, chunks), media_type=codec.media_type,
+        return StreamingResponse(self._stream(codec, meta, ctx, first, chunks), media_type=codec.media_type,
                                  headers=headers)
 
     async def _shut(self, chunks: AsyncIterator[TokenChunk], ctx: RequestContext) -> Response:
@@ -410,13 +410,13 @@ class Server:
         self.metrics.aborted("client_gone")
         return Response(status_code=CLIENT_CLOSED)
 
-    async def _stream(self, encoder: StreamEncoder, header: bytes, ctx: RequestContext, first: TokenChunk,
+    async def _stream(self, codec: Codec, meta: StreamMeta, ctx: RequestContext, first: TokenChunk,
                       chunks: AsyncIterator[TokenChunk]) -> AsyncIterator[bytes]:
         """The encoded stream, read ahead of the client (`_read_ahead`) so that the request's
         executor never waits on a socket; a client that falls `stream_buffer_bytes` behind is
         aborted (``slow_client``): its engine work is freed and what it holds is bounded."""
         buffer = _StreamBuffer(self.stream_buffer_bytes)
-        reader = asyncio.ensure_future(self._read_ahead(encoder, header, ctx, first, chunks, buffer))
+        reader = asyncio.ensure_future(self._read_ahead(codec.encoder(), meta, ctx, first, chunks, buffer))
         ended = False
         try:
             last = time.monotonic()
@@ -438,12 +438,11 @@ class Server:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(asyncio.gather(reader, return_exceptions=True))
 
-    async def _read_ahead(self, encoder: StreamEncoder, header: bytes, ctx: RequestContext, first: TokenChunk,
+    async def _read_ahead(self, encoder: StreamEncoder, meta: StreamMeta, ctx: RequestContext, first: TokenChunk,
                           chunks: AsyncIterator[TokenChunk], buffer: _StreamBuffer) -> None:
-        """Encode ``chunks`` into ``buffer`` (after the stream's ``header``) as they come, then end it; on
-        overflow, abort them."""
+        """Encode ``chunks`` into ``buffer`` as they come, then end it; on overflow, abort them."""
         try:
-            buffer.put(header + encoder.chunk(first), bool(first.token_ids))
+            buffer.put(encoder.header(meta) + encoder.chunk(first), bool(first.token_ids))
             ended = first.is_final
             while not ended and not buffer.overflowed:
                 try:

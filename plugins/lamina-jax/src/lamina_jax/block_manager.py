@@ -130,13 +130,13 @@ class BlockManager:
     def release(self, seq: Sequence, *, keep: bool = True) -> None:
         """Free a sequence's blocks; with a prefix cache, first offer it what was computed (``keep``).
         Blocks another sequence still reads stay, and then nothing is offered."""
-        shared = [b for b in seq.blocks if b in self.readers]
+        shared = {b for b in seq.blocks if b in self.readers}
         for block in shared:
             self.readers[block] -= 1
             if not self.readers[block]:
                 del self.readers[block]
         if shared:
-            seq.blocks, keep = [b for b in seq.blocks if b not in set(shared)], False
+            seq.blocks, keep = [b for b in seq.blocks if b not in shared], False
         cache = self.prefix_cache
         if cache is None:
             self.allocator.free(seq.blocks)
