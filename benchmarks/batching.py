@@ -59,7 +59,7 @@ from tqdm import tqdm
 
 from lamina.bench.load import Load
 from lamina_hookspecs.stats import percentile
-from lamina.logging import configure_logging
+from lamina.kernel.logging import configure_logging
 from lamina_autoscale.adaptive_batching import Adaptive, AdaptiveOptions
 from lamina_autoscale.batching import Fixed, FixedOptions
 from lamina_hookspecs.errors import ServiceUnavailableError

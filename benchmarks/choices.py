@@ -4,7 +4,7 @@ SmolLM2-135M-Instruct on the default executor options. A request for ``n`` choic
 prompt (ShareGPT chats joined to ``--prompt-tokens`` tokens), sampled (temperature 1, a seed), every
 choice generating exactly ``--max-tokens`` tokens, runs two ways in alternating rounds (A B A B):
 
-- ``forked``: core's forks (:func:`lamina.choices.fork`), as ``n`` > 1 is served: the first choice
+- ``forked``: core's forks (:func:`lamina.kernel.choices.fork`), as ``n`` > 1 is served: the first choice
   computes the prompt, the others read its KV blocks;
 - ``separate``: the same ``n`` requests without ``fork_of``: each computes the prompt itself.
 
@@ -36,7 +36,7 @@ import attrs
 from tqdm import tqdm
 
 from lamina.bench.workloads import sharegpt
-from lamina.choices import fork
+from lamina.kernel.choices import fork
 from lamina_hookspecs.types import Request, SamplingParams
 from lamina_jax.executor import JaxExecutor
 from lamina_jax.native import cpu_model

@@ -64,7 +64,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from lamina.logging import configure_logging
+from lamina.kernel.logging import configure_logging
 from lamina_hookspecs.types import Request, SamplingParams
 from lamina_jax import weight_formats
 from lamina_jax.executor import JaxExecutor

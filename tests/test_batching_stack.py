@@ -9,9 +9,9 @@ from lamina_autoscale.adaptive_batching import Adaptive
 from lamina_hookspecs.types import Request, SamplingParams
 from lamina_jax.testing import write_tiny_gguf
 
-from lamina.plugins import load_plugins
-from lamina.stack import Stack
-from lamina.stack_config import StackConfig
+from lamina.kernel.plugins import load_plugins
+from lamina.kernel.stack import Stack
+from lamina.kernel.stack_config import StackConfig
 
 
 def test_the_stacks_batching_policy_drives_the_jax_scheduler(tmp_path: Path) -> None:

@@ -6,10 +6,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from lamina.pipeline import run_request
-from lamina.plugins import load_plugins
-from lamina.stack import Stack
-from lamina.stack_config import StackConfig
+from lamina.kernel.pipeline import run_request
+from lamina.kernel.plugins import load_plugins
+from lamina.kernel.stack import Stack
+from lamina.kernel.stack_config import StackConfig
 from lamina_hookspecs.types import Request, RequestContext, SamplingParams
 
 STACKS = sorted((Path(__file__).resolve().parents[1] / "examples" / "stacks").glob("*.toml"))

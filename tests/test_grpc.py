@@ -14,8 +14,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from lamina import tool_calls
-from lamina.plugins import load_plugins
+from lamina.kernel import tool_calls
+from lamina.kernel.plugins import load_plugins
 from lamina.remote import RemoteExecutor
 from lamina.server import convert, grpc_service
 from lamina.server.grpc_service import InferenceService, start_grpc
@@ -23,8 +23,8 @@ from lamina.server.openai_api import parse_chat, parse_completion
 from lamina.server.proto.lamina.v1 import inference_pb2 as pb
 from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
 from lamina.server.queue_wait import MAX_QUEUE_WAIT_HEADER
-from lamina.stack import Stack
-from lamina.stack_config import StackConfig
+from lamina.kernel.stack import Stack
+from lamina.kernel.stack_config import StackConfig
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import InvalidRequestError
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, SamplingParams, TokenChunk, ToolCallDelta

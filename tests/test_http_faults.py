@@ -24,12 +24,12 @@ from lamina.bench.servers import free_port
 from lamina_jax.testing import write_tiny_gguf
 from starlette.testclient import TestClient
 
-from lamina.plugins import load_plugins
+from lamina.kernel.plugins import load_plugins
 from lamina.server.http import Server
 from lamina.server.proto.lamina.v1 import inference_pb2 as pb
 from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
-from lamina.stack import Stack
-from lamina.stack_config import StackConfig
+from lamina.kernel.stack import Stack
+from lamina.kernel.stack_config import StackConfig
 from lamina.testing.abandon import leave_mid_answer, wait_until_idle
 
 KEYS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",

@@ -6,10 +6,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from lamina.plugins import load_plugins
+from lamina.kernel.plugins import load_plugins
 from lamina.server.metrics import Metrics
-from lamina.stack import Stack
-from lamina.stack_config import StackConfig
+from lamina.kernel.stack import Stack
+from lamina.kernel.stack_config import StackConfig
 
 
 def build(config: dict[str, Any]) -> Stack:

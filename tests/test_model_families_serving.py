@@ -21,9 +21,9 @@ import tokenizers
 from lamina_hookspecs.types import ChatMessage, Request, SamplingParams
 
 from lamina.bench.servers import free_port
-from lamina.plugins import load_plugins
-from lamina.stack import Stack
-from lamina.stack_config import StackConfig
+from lamina.kernel.plugins import load_plugins
+from lamina.kernel.stack import Stack
+from lamina.kernel.stack_config import StackConfig
 
 MODELS = Path(__file__).resolve().parents[1] / "plugins/lamina-jax/tests/data/models"
 FORMAT_OF = {"llama": "hf", "llama3": "gguf", "mistral": "hf", "qwen2": "gguf", "qwen3": "hf"}

@@ -12,10 +12,10 @@ import pytest
 from lamina_hookspecs.types import Request, SamplingParams
 from lamina_jax.testing import device_counts, write_tiny_gguf
 
-from lamina.choices import fork
-from lamina.plugins import load_plugins
-from lamina.stack import Stack
-from lamina.stack_config import StackConfig
+from lamina.kernel.choices import fork
+from lamina.kernel.plugins import load_plugins
+from lamina.kernel.stack import Stack
+from lamina.kernel.stack_config import StackConfig
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from lamina_hookspecs.types import ChatMessage, Request, SamplingParams
 
-from lamina.plugins import load_plugins
-from lamina.stack import Stack
-from lamina.stack_config import StackConfig
+from lamina.kernel.plugins import load_plugins
+from lamina.kernel.stack import Stack
+from lamina.kernel.stack_config import StackConfig
 
 pytestmark = pytest.mark.slow
 

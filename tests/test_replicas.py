@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
-from lamina.plugins import load_plugins
-from lamina.stack_config import StackConfig
+from lamina.kernel.plugins import load_plugins
+from lamina.kernel.stack_config import StackConfig
 from lamina_hookspecs.errors import ConfigError
 
 CHAT = {"model": "echo", "messages": [{"role": "user", "content": "a b c"}]}

@@ -83,7 +83,7 @@ def test_bad_tool_fields_are_a_400_naming_the_field(client: openai.OpenAI, extra
 def test_every_parsers_grammar_holds_its_own_calls_and_nothing_else(name: str) -> None:
     """The grammar a required call follows (compiled by the jax executor's llguidance) takes what the
     parser writes for a call of an offered tool, its arguments valid, and refuses anything else."""
-    from lamina.plugins import load_plugins
+    from lamina.kernel.plugins import load_plugins
     from lamina_hookspecs.layers import TOOL_PARSER
     from lamina_hookspecs.types import Tool, ToolCall
     from lamina_jax.structured_output import Grammars
@@ -113,11 +113,11 @@ def test_every_parsers_grammar_holds_its_own_calls_and_nothing_else(name: str) -
 def test_a_template_without_tools_gets_the_instructions_and_the_calls_as_text() -> None:
     """The parser's instructions become the system turn, and earlier calls are written as the parser
     writes them, for a chat template that takes no tools; one that takes tools gets them as they are."""
-    from lamina.plugins import load_plugins
+    from lamina.kernel.plugins import load_plugins
     from lamina.server.openai_api import parse_chat
-    from lamina.tool_calls import prepare
-    from lamina.stack import Stack
-    from lamina.stack_config import StackConfig
+    from lamina.kernel.tool_calls import prepare
+    from lamina.kernel.stack import Stack
+    from lamina.kernel.stack_config import StackConfig
     from lamina_jax.chat_template import ChatTemplate
 
     plugins = load_plugins()

@@ -3,9 +3,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from lamina.plugins import PluginSet
-from lamina.stack import Stack
-from lamina.stack_config import StackConfig
+from lamina.kernel.plugins import PluginSet
+from lamina.kernel.stack import Stack
+from lamina.kernel.stack_config import StackConfig
 
 ECHO_STACK: dict[str, Any] = {
     "stack": {"name": "test"},

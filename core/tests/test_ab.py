@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from lamina.ab import ArmPicker
+from lamina.kernel.ab import ArmPicker
 
 
 @pytest.mark.parametrize("weights", [(95, 5), (50, 50), (1, 2, 7), (33.3, 33.3, 33.4)])

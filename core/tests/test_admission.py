@@ -7,8 +7,8 @@ import re
 from typing import Any
 
 import pytest
-from lamina.admission import bearer_token, estimate_tokens
-from lamina.pipeline import run_request
+from lamina.kernel.admission import bearer_token, estimate_tokens
+from lamina.kernel.pipeline import run_request
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import AuthenticationError, ConfigError, NoBackendError, RateLimitError
 from lamina_hookspecs.types import Principal, RateDecision, Request, RequestContext

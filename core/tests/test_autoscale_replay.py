@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from lamina import autoscale_replay as ar
 from lamina.cli import main
-from lamina.plugins import load_plugins
+from lamina.kernel.plugins import load_plugins
 from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.types import PoolSnapshot, ScaleDecision
 
@@ -65,7 +65,7 @@ def test_deterministic_for_a_seed(registry: Any) -> None:
 
 
 def test_the_policy_is_the_one_a_stack_file_builds(registry: Any, build_stack: Any) -> None:
-    from lamina.options import build_options
+    from lamina.kernel.options import build_options
 
     options = {"use": "target", **TARGET}
     stack = build_stack(overrides={"autoscaler": options})

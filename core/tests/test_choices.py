@@ -9,7 +9,7 @@ import pytest
 from lamina_hookspecs.errors import ServiceUnavailableError
 from lamina_hookspecs.types import Request, SamplingParams, TokenChunk, Usage
 
-from lamina.choices import fork, merge
+from lamina.kernel.choices import fork, merge
 
 
 def test_forks_keep_the_first_id_and_seed_and_count_up_from_them() -> None:

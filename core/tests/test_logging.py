@@ -8,7 +8,7 @@ import re
 
 import pytest
 import structlog
-from lamina.logging import configure_logging
+from lamina.kernel.logging import configure_logging
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
 

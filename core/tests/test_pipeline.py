@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import pytest
-from lamina.pipeline import run_request
+from lamina.kernel.pipeline import run_request
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import InvalidRequestError, LaminaError, NotFoundError, RateLimitError
 from lamina_hookspecs.types import RateDecision, Request, RequestContext, SamplingParams, TokenChunk

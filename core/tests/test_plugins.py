@@ -6,8 +6,8 @@ import importlib.metadata
 from typing import Any
 
 import pytest
-from lamina import plugins as plugins_module
-from lamina.plugins import load_plugins
+from lamina.kernel import plugins as plugins_module
+from lamina.kernel.plugins import load_plugins
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.layers import ROUTER

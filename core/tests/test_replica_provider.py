@@ -7,10 +7,10 @@ import time
 from typing import Any
 
 import pytest
-from lamina.plugins import load_plugins
+from lamina.kernel.plugins import load_plugins
 from lamina.replicas import LocalProcesses
-from lamina.stack import Stack
-from lamina.stack_config import StackConfig
+from lamina.kernel.stack import Stack
+from lamina.kernel.stack_config import StackConfig
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.registration import Register

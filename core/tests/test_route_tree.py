@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from lamina.route_tree import features
-from lamina.stack_config import StackConfig
+from lamina.kernel.route_tree import features
+from lamina.kernel.stack_config import StackConfig
 from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.types import ChatMessage, Request
 

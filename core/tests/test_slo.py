@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from lamina.slo import Objective, SloConfig, SloTracker, window_label
-from lamina.stack_config import StackConfig
+from lamina.kernel.slo import Objective, SloConfig, SloTracker, window_label
+from lamina.kernel.stack_config import StackConfig
 from lamina_hookspecs.errors import ConfigError
 
 

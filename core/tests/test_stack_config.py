@@ -7,8 +7,8 @@ from typing import Any
 
 import attrs
 import pytest
-from lamina.plugins import load_plugins
-from lamina.stack_config import ComponentSpec, Split, StackConfig
+from lamina.kernel.plugins import load_plugins
+from lamina.kernel.stack_config import ComponentSpec, Split, StackConfig
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import ConfigError
 

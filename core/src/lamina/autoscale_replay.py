@@ -54,10 +54,10 @@ from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.stats import percentile
 from lamina_hookspecs.types import BackendState, PoolSnapshot, ScaleDecision
 from lamina.htmlreport import line_svg, page, table
-from lamina.options import build_options
-from lamina.registry import ComponentRegistry
-from lamina.stack import _instantiate
-from lamina.stack_config import _spec
+from lamina.kernel.options import build_options
+from lamina.kernel.registry import ComponentRegistry
+from lamina.kernel.stack import _instantiate
+from lamina.kernel.stack_config import _spec
 
 # ---------------------------------------------------------------------------------------------- policy
 

@@ -28,7 +28,7 @@ from lamina_hookspecs.stats import percentile
 from lamina_hookspecs.types import FinishReason, PoolSnapshot, RequestContext, ScaleDecision
 from lamina.canary import CanaryConfig, Verdict, judge
 from lamina.replicas import ReplicaSet
-from lamina.stack_config import ReplicasConfig
+from lamina.kernel.stack_config import ReplicasConfig
 
 log = structlog.get_logger(__name__)
 

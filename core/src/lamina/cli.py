@@ -17,11 +17,11 @@ from collections.abc import Sequence
 
 from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.layers import LAYERS
-from lamina.logging import configure_logging
-from lamina.options import describe
-from lamina.plugins import load_plugins
-from lamina.registry import ComponentRegistry
-from lamina.stack_config import DEFAULTS, StackConfig
+from lamina.kernel.logging import configure_logging
+from lamina.kernel.options import describe
+from lamina.kernel.plugins import load_plugins
+from lamina.kernel.registry import ComponentRegistry
+from lamina.kernel.stack_config import DEFAULTS, StackConfig
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
@@ -89,7 +89,7 @@ def _with_model(config: StackConfig, args: argparse.Namespace, registry: Compone
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from lamina.server.serve import serve
-    from lamina.stack import Stack
+    from lamina.kernel.stack import Stack
 
     plugins = load_plugins()
     try:
@@ -111,7 +111,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from lamina.server.serve import serve_worker
-    from lamina.stack import Stack
+    from lamina.kernel.stack import Stack
 
     plugins = load_plugins()
     if args.stack is None and args.model is None:

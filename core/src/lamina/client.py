@@ -30,8 +30,8 @@ from lamina_hookspecs.errors import (
 from lamina_hookspecs.protocols import Codec, StreamDecoder
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import Completion, StreamError, TokenChunk, Usage
-from lamina.options import build_options
-from lamina.plugins import load_plugins
+from lamina.kernel.options import build_options
+from lamina.kernel.plugins import load_plugins
 
 CODEC_ALIASES = {"sse": "openai-sse"}
 """Short codec names the client accepts besides the registered ones."""

@@ -38,7 +38,7 @@ import structlog
 from lamina_hookspecs.protocols import Executor, ReplicaHandle, ReplicaProvider
 from lamina.bench.servers import free_port
 from lamina.remote import RemoteExecutor
-from lamina.stack_config import WORKER_SECTIONS, ReplicasConfig
+from lamina.kernel.stack_config import WORKER_SECTIONS, ReplicasConfig
 
 log = structlog.get_logger(__name__)
 

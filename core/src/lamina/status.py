@@ -1,6 +1,6 @@
 """``lamina status URL``: a one-screen summary of a running Lamina server, refreshed in place.
 
-It reads ``/ready`` and ``/metrics`` (:mod:`lamina.server.metrics`, :mod:`lamina.slo`) every
+It reads ``/ready`` and ``/metrics`` (:mod:`lamina.server.metrics`, :mod:`lamina.kernel.slo`) every
 ``--interval`` seconds. :func:`summarize` turns two scrapes into plain data (rates are the
 counter deltas between them); :func:`render` draws that with ``rich``, a well-kept library for
 live-updating terminal tables, instead of hand-written ANSI escapes.

@@ -232,7 +232,7 @@ class Request:
     template renders ``tools`` ignores it, any other puts it first as a system turn.
 
     A request for ``n`` > 1 choices reaches executors as ``n`` requests of one choice each (core
-    forks them, :mod:`lamina.choices`): the first keeps ``id``, the others have ``fork_of`` set to
+    forks them, :mod:`lamina.kernel.choices`): the first keeps ``id``, the others have ``fork_of`` set to
     it. Their prompt is the same, so an executor may compute it once and let the others read its
     KV; one that does not serves each on its own.
     """

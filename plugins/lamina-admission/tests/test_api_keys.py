@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from lamina.options import build_options
+from lamina.kernel.options import build_options
 from lamina.testing.contracts import AuthenticatorContract
 from lamina_hookspecs.errors import AuthenticationError, ConfigError
 from lamina_hookspecs.protocols import Authenticator

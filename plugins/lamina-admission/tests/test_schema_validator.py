@@ -61,7 +61,7 @@ def test_is_a_validator() -> None:
 
 
 def test_options_are_checked_and_documented() -> None:
-    from lamina.options import build_options, describe
+    from lamina.kernel.options import build_options, describe
     from lamina_hookspecs.errors import ConfigError
 
     options = SchemaValidatorOptions()

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from lamina.options import build_options, describe
-from lamina.plugins import load_plugins
+from lamina.kernel.options import build_options, describe
+from lamina.kernel.plugins import load_plugins
 from lamina.testing.contracts import RateLimiterContract
 from lamina_hookspecs import layers
 from lamina_hookspecs.errors import ConfigError

@@ -9,7 +9,7 @@ from limits import RateLimitItemPerSecond
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter, SlidingWindowCounterRateLimiter
 
-from lamina.options import build_options, describe
+from lamina.kernel.options import build_options, describe
 from lamina.testing.contracts import RateLimiterContract
 from lamina_hookspecs.errors import ConfigError
 from lamina_admission.burst_trace import SimulatedClock, disagreement, exact_moving_window, limits_on_clock

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lamina.options import build_options, describe
+from lamina.kernel.options import build_options, describe
 from lamina.testing.contracts import RateLimiterContract
 from lamina_hookspecs.errors import ConfigError
 from lamina_admission.token_bucket import TokenBucket, TokenBucketOptions

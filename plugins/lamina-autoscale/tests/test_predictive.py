@@ -3,7 +3,7 @@ import random
 import statistics
 
 import pytest
-from lamina.options import build_options
+from lamina.kernel.options import build_options
 from lamina.testing.contracts import AutoscalerContract
 from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.types import BackendState, PoolSnapshot

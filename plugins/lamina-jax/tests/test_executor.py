@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from lamina.choices import fork, merge
+from lamina.kernel.choices import fork, merge
 from lamina.testing.contracts import ExecutorContract
 from lamina_hookspecs.errors import ContextLengthError, InvalidRequestError, ServiceUnavailableError
 from lamina_hookspecs.types import ChatMessage, Request, SamplingParams, TokenChunk

@@ -14,10 +14,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from lamina.pipeline import run_request
-from lamina.plugins import load_plugins
-from lamina.stack import Stack
-from lamina.stack_config import StackConfig
+from lamina.kernel.pipeline import run_request
+from lamina.kernel.plugins import load_plugins
+from lamina.kernel.stack import Stack
+from lamina.kernel.stack_config import StackConfig
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import ConfigError, InvalidRequestError, LaminaError
 from lamina_hookspecs.registration import Register

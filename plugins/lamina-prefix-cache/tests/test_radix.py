@@ -24,7 +24,7 @@ class TestRadixSmallBlocksCapped(PrefixCacheContract):
 
 
 def test_options_are_checked_and_documented() -> None:
-    from lamina.options import build_options, describe
+    from lamina.kernel.options import build_options, describe
 
     assert RadixOptions().block_size == 16 and RadixOptions().max_blocks is None
     assert all(o["help"] for o in describe(RadixOptions))

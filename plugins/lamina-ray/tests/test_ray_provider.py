@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import ray
-from lamina.pipeline import run_request
-from lamina.plugins import load_plugins
+from lamina.kernel.pipeline import run_request
+from lamina.kernel.plugins import load_plugins
 from lamina.replicas import ReplicaSet
-from lamina.stack import Stack
-from lamina.stack_config import StackConfig
+from lamina.kernel.stack import Stack
+from lamina.kernel.stack_config import StackConfig
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.protocols import Executor
 from lamina_hookspecs.registration import Register

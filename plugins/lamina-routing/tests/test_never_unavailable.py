@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lamina.options import build_options
+from lamina.kernel.options import build_options
 from lamina_hookspecs.errors import NoBackendError
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, ChatMessage, Request

@@ -3,7 +3,7 @@ from collections import Counter
 import attrs
 import pytest
 
-from lamina.options import build_options, describe
+from lamina.kernel.options import build_options, describe
 from lamina.testing.contracts import RouterContract
 from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.types import BackendState, ChatMessage, Request

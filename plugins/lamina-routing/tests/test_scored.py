@@ -3,7 +3,7 @@ from typing import Any
 
 import pytest
 
-from lamina.options import build_options, describe
+from lamina.kernel.options import build_options, describe
 from lamina.testing.contracts import RouterContract
 from lamina_hookspecs.errors import ConfigError, NoBackendError
 from lamina_hookspecs.registration import BuildContext

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 import zstandard
 
-from lamina.options import build_options
+from lamina.kernel.options import build_options
 from lamina_hookspecs.errors import CodecError
 from lamina_hookspecs.types import TokenChunk
 from lamina_stc.codec import StcCodec

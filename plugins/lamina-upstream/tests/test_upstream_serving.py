@@ -13,8 +13,8 @@ import httpx
 import openai
 import pytest
 from lamina.bench.servers import StackServer
-from lamina.options import build_options
-from lamina.plugins import load_plugins
+from lamina.kernel.options import build_options
+from lamina.kernel.plugins import load_plugins
 from lamina.testing.contracts import ExecutorContract
 from lamina.testing.streams import decode_stream
 from lamina_hookspecs import layers

@@ -216,8 +216,8 @@ def test_options_refuse_a_url_that_is_not_http() -> None:
 
 
 def test_backends_entries_take_an_address_or_an_executor() -> None:
-    from lamina.plugins import load_plugins
-    from lamina.stack_config import StackConfig
+    from lamina.kernel.plugins import load_plugins
+    from lamina.kernel.stack_config import StackConfig
 
     registry = load_plugins().registry
     pool = StackConfig.from_dict({"backends": [

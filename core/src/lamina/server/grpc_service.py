@@ -1,6 +1,6 @@
 """The gRPC API (``lamina.v1.Inference``, see ``core/proto/``) on ``grpc.aio``, beside the HTTP API.
 
-Each ``Generate`` runs through :func:`lamina.pipeline.run_request` as an HTTP request does.
+Each ``Generate`` runs through :func:`lamina.kernel.pipeline.run_request` as an HTTP request does.
 The proto request is first written as the OpenAI body it stands for (``/v1/completions``
 for a text or token-id prompt, ``/v1/chat/completions`` for a chat), so admission plugins
 see the same body and :mod:`lamina.server.openai_api` validates it with the same rules and
@@ -48,15 +48,15 @@ from lamina_hookspecs.errors import (
     InvalidRequestError, LaminaError, NotAcceptableError, NotFoundError, ServiceUnavailableError,
 )
 from lamina_hookspecs.types import RequestContext, StreamMeta, TokenChunk
-from lamina.admission import bearer_token
-from lamina.lifecycle import trace_context
-from lamina.pipeline import run_request
+from lamina.kernel.admission import bearer_token
+from lamina.kernel.lifecycle import trace_context
+from lamina.kernel.pipeline import run_request
 from lamina.server.convert import TENANT_METADATA, to_proto
 from lamina.server.openai_api import parse_chat, parse_completion
 from lamina.server.proto.lamina.v1 import inference_pb2 as pb
 from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
 from lamina.server.queue_wait import MAX_QUEUE_WAIT_HEADER, bounded, max_queue_wait
-from lamina.stack import Stack
+from lamina.kernel.stack import Stack
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Inference"].full_name
 HEALTH_POLL_S = 1.0

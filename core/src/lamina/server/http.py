@@ -3,7 +3,7 @@
 Starlette and uvicorn are the well-kept ASGI pair that vLLM's and SGLang's OpenAI servers
 also build on; writing HTTP parsing, keep-alive and chunked streaming by hand would buy
 nothing. Each completion request becomes a :class:`~lamina_hookspecs.types.RequestContext`
-and runs through :func:`lamina.pipeline.run_request`; its chunks are encoded by the codec
+and runs through :func:`lamina.kernel.pipeline.run_request`; its chunks are encoded by the codec
 the client negotiated with ``Accept`` (``text/event-stream`` — OpenAI SSE — by default).
 
 A streamed response starts only once the first chunk exists, so every rejection (admission,
@@ -46,15 +46,15 @@ from lamina_hookspecs.errors import (
 )
 from lamina_hookspecs.protocols import Codec, StreamEncoder, Tokenizes
 from lamina_hookspecs.types import Request, RequestContext, StreamError, StreamMeta, TokenChunk
-from lamina.admission import bearer_token
-from lamina.lifecycle import trace_context
-from lamina.pipeline import run_request
+from lamina.kernel.admission import bearer_token
+from lamina.kernel.lifecycle import trace_context
+from lamina.kernel.pipeline import run_request
 from lamina.server.metrics import Metrics
 from lamina import __version__
 from lamina.server.openai_api import (completion_body, parse_chat, parse_completion, parse_detokenize,
                                       parse_tokenize, unknown_fields)
 from lamina.server.queue_wait import MAX_QUEUE_WAIT_HEADER, bounded, max_queue_wait
-from lamina.stack import Stack
+from lamina.kernel.stack import Stack
 
 log = structlog.get_logger(__name__)
 

@@ -13,9 +13,9 @@ Each backend also gets ``lamina_backend_*{backend=...}`` series (health, load, K
 generation rate, circuit state) for ``lamina status`` and dashboards.
 
 Request metrics carry an ``arm`` label: the request's A/B assignments
-(``"router=treatment"``, see :func:`lamina.ab.arm_label`), ``""`` outside any split, so one
+(``"router=treatment"``, see :func:`lamina.kernel.ab.arm_label`), ``""`` outside any split, so one
 query compares arms. When the stack file declares ``[slo]`` objectives, their counters and
-burn rates are exported too (:mod:`lamina.slo`).
+burn rates are exported too (:mod:`lamina.kernel.slo`).
 
 Each server gets its own registry; nothing is global.
 """
@@ -32,9 +32,9 @@ from prometheus_client.registry import Collector
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import LaminaError
 from lamina_hookspecs.types import BackendState, FinishReason, RequestContext
-from lamina.ab import arm_label
-from lamina.slo import SloTracker
-from lamina.stack import ROUTE_TREE_KEY, Stack
+from lamina.kernel.ab import arm_label
+from lamina.kernel.slo import SloTracker
+from lamina.kernel.stack import ROUTE_TREE_KEY, Stack
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                    40.0, 80.0)

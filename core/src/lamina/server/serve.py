@@ -30,7 +30,7 @@ from starlette.applications import Starlette
 from lamina.server.grpc_service import InferenceService, start_grpc
 from lamina.server.http import Server
 from lamina.server.priority import lower_other_threads
-from lamina.stack import Stack
+from lamina.kernel.stack import Stack
 
 log = structlog.get_logger(__name__)
 

@@ -45,8 +45,8 @@ class ComponentContract:
     def component(self) -> Any:
         if self.registered_name is None:
             pytest.fail(f"{type(self).__name__}: set registered_name or override the 'component' fixture")
-        from lamina.options import build_options
-        from lamina.plugins import load_plugins
+        from lamina.kernel.options import build_options
+        from lamina.kernel.plugins import load_plugins
 
         registry = load_plugins().registry
         found = registry.get((self.layer,), self.registered_name, self.layer.key)
@@ -56,7 +56,7 @@ class ComponentContract:
     def test_is_registered_by_an_installed_plugin(self) -> None:
         if self.registered_name is None:
             pytest.skip("component built by the test itself")
-        from lamina.plugins import load_plugins
+        from lamina.kernel.plugins import load_plugins
 
         plugins = load_plugins()
         owners = [i.name for i in plugins.infos.values() if self.registered_name in i.registered.get(self.layer.key, [])]

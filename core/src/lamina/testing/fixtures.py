@@ -14,7 +14,7 @@ import pytest
 @pytest.fixture
 def make_plugins() -> Callable[..., Any]:
     """Build a fresh plugin set: ``make_plugins(("name", module_or_obj), ..., entry_points=False)``."""
-    from lamina.plugins import load_plugins
+    from lamina.kernel.plugins import load_plugins
 
     def make(*extra: tuple[str, object], entry_points: bool = False) -> Any:
         return load_plugins(entry_points=entry_points, extra=extra)
@@ -90,7 +90,7 @@ def lamina_logs() -> Iterator[list[dict[str, Any]]]:
 
 @pytest.fixture
 def restore_logging() -> Iterator[None]:
-    """Undo :func:`lamina.logging.configure_logging` (which ``lamina.cli.main`` calls) after the test:
+    """Undo :func:`lamina.kernel.logging.configure_logging` (which ``lamina.cli.main`` calls) after the test:
     the root logger's handlers and level, and structlog's defaults."""
     import logging
 

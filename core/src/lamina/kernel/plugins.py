@@ -27,8 +27,8 @@ import structlog
 from lamina_hookspecs import PROJECT_NAME, hookspecs
 from lamina_hookspecs.errors import PluginError
 from lamina_hookspecs.layers import LAYERS, Layer
-from lamina.registry import Component, ComponentRegistry
-from lamina.suggest import did_you_mean
+from lamina.kernel.registry import Component, ComponentRegistry
+from lamina.kernel.suggest import did_you_mean
 
 log = structlog.get_logger(__name__)
 

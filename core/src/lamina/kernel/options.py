@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from lamina_hookspecs.errors import ConfigError
-from lamina.suggest import did_you_mean
+from lamina.kernel.suggest import did_you_mean
 
 
 def check_keys(data: Mapping[str, Any], allowed: typing.Iterable[str], path: str, what: str = "option") -> None:

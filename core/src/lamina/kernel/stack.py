@@ -21,16 +21,16 @@ from lamina_hookspecs.errors import ConfigError, NoBackendError, NotFoundError
 from lamina_hookspecs.protocols import Codec, Executor, ToolParser
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, Request, RequestContext, StackInfo
-from lamina.ab import ArmPicker
-from lamina.admission import Admission, Entry
-from lamina.lifecycle import notify
-from lamina.options import build_options
-from lamina.plugins import PluginSet
-from lamina.registry import Component
+from lamina.kernel.ab import ArmPicker
+from lamina.kernel.admission import Admission, Entry
+from lamina.kernel.lifecycle import notify
+from lamina.kernel.options import build_options
+from lamina.kernel.plugins import PluginSet
+from lamina.kernel.registry import Component
 from lamina.autoscaling import PoolController
 from lamina.remote import RemoteExecutor
 from lamina.replicas import ReplicaSet
-from lamina.stack_config import ComponentSpec, Split, StackConfig
+from lamina.kernel.stack_config import ComponentSpec, Split, StackConfig
 
 CORE_PLUGIN_NAME = "lamina.core"
 ROUTE_TREE_KEY = "lamina.route_tree"

@@ -9,7 +9,7 @@ import attrs
 from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.layers import ADMISSION, LAYERS, Layer
 from lamina_hookspecs.registration import Factory
-from lamina.suggest import did_you_mean
+from lamina.kernel.suggest import did_you_mean
 
 
 @attrs.frozen(kw_only=True)

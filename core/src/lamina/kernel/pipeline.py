@@ -1,8 +1,8 @@
 """One request's way through a built stack: received → admitted → routed → tokens → finished.
 
 Transports (HTTP, gRPC, in-process tests) call :func:`run_request` and encode what it
-yields; a chat with tools goes through the stack's tool parser (:mod:`lamina.tool_calls`), a
-request for ``n`` > 1 choices runs as ``n`` forks on one backend (:mod:`lamina.choices`).
+yields; a chat with tools goes through the stack's tool parser (:mod:`lamina.kernel.tool_calls`), a
+request for ``n`` > 1 choices runs as ``n`` forks on one backend (:mod:`lamina.kernel.choices`).
 Closing the returned iterator early (client gone) aborts the executor stream, which frees
 the request's KV slots, and reports ``finish_reason="abort"``. A backend lost before it sent
 anything (``BackendLostError``: a worker died or cannot be reached) is left out and the
@@ -26,10 +26,10 @@ from lamina_hookspecs.errors import (BackendLostError, InternalError, InvalidReq
                                      TokenizerNotAvailableError)
 from lamina_hookspecs.protocols import Executor, Tokenizes
 from lamina_hookspecs.types import FinishReason, Request, RequestContext, TokenChunk
-from lamina import choices, tool_calls
-from lamina.ab import arm_label
-from lamina.lifecycle import notify, wrap_request
-from lamina.stack import Stack
+from lamina.kernel import choices, tool_calls
+from lamina.kernel.ab import arm_label
+from lamina.kernel.lifecycle import notify, wrap_request
+from lamina.kernel.stack import Stack
 
 log = structlog.get_logger(__name__)
 

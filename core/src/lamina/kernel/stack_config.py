@@ -20,11 +20,11 @@ import attrs
 from lamina_hookspecs import layers
 from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.layers import Layer
-from lamina.options import build_options, check_keys
-from lamina.registry import Component, ComponentRegistry
+from lamina.kernel.options import build_options, check_keys
+from lamina.kernel.registry import Component, ComponentRegistry
 from lamina.canary import CANARY_TABLES, CanaryConfig
-from lamina.route_tree import RouteTree, parse_tree
-from lamina.slo import SloConfig
+from lamina.kernel.route_tree import RouteTree, parse_tree
+from lamina.kernel.slo import SloConfig
 
 DEFAULTS: dict[str, str] = {
     "router": "round-robin",
