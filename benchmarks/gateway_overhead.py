@@ -39,8 +39,8 @@ import httpx
 from tqdm import tqdm
 
 from lamina.bench.servers import free_port
-from lamina.server.proto.lamina.v1 import inference_pb2 as pb
-from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
+from lamina.wire.proto.lamina.v1 import inference_pb2 as pb
+from lamina.wire.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
 
 TOKENS = 64
 PROMPT = " ".join(f"w{i}" for i in range(TOKENS))
@@ -49,7 +49,7 @@ BODY = {"model": "echo", "prompt": PROMPT, "max_tokens": TOKENS, "stream": True}
 BARE_GRPC = '''
 import asyncio, os, sys
 import grpc
-from lamina.server.proto.lamina.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
+from lamina.wire.proto.lamina.v1 import inference_pb2 as pb, inference_pb2_grpc as pb_grpc
 
 CHUNKS = [pb.GenerateChunk.FromString(bytes.fromhex(line)) for line in open(os.environ["BARE_CHUNKS_FILE"])]
 

@@ -60,7 +60,7 @@ from lamina.bench.servers import StackServer
 from lamina.bench.workloads import sharegpt
 from lamina.htmlreport import page, table
 from lamina.bench.report import cdf_svg
-from lamina.server.queue_wait import MAX_QUEUE_WAIT_HEADER
+from lamina.wire.queue_wait import MAX_QUEUE_WAIT_HEADER
 from lamina.status import parse_metrics
 
 ARMS = ("unbounded", "bounded")

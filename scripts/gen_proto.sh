@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the Python code of Lamina's gRPC API (core/proto/lamina/v1/*.proto) into
-# core/src/lamina/server/proto/, importable as lamina.server.proto.lamina.v1.
+# core/src/lamina/wire/proto/, importable as lamina.wire.proto.lamina.v1.
 #
 #     bash scripts/gen_proto.sh        (from anywhere; needs uv)
 #
@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GRPCIO_TOOLS=grpcio-tools==1.85.1
-out=core/src/lamina/server/proto
+out=core/src/lamina/wire/proto
 
 rm -rf "$out"
 mkdir -p "$out"

@@ -17,12 +17,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from lamina.kernel import tool_calls
 from lamina.kernel.plugins import load_plugins
 from lamina.remote import RemoteExecutor
-from lamina.server import convert, grpc_service
+from lamina.server import grpc_service
+from lamina.wire import convert
 from lamina.server.grpc_service import InferenceService, start_grpc
 from lamina.server.openai_api import parse_chat, parse_completion
-from lamina.server.proto.lamina.v1 import inference_pb2 as pb
-from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
-from lamina.server.queue_wait import MAX_QUEUE_WAIT_HEADER
+from lamina.wire.proto.lamina.v1 import inference_pb2 as pb
+from lamina.wire.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
+from lamina.wire.queue_wait import MAX_QUEUE_WAIT_HEADER
 from lamina.kernel.stack import Stack
 from lamina.kernel.stack_config import StackConfig
 from lamina_hookspecs import hookimpl

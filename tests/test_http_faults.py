@@ -26,8 +26,8 @@ from starlette.testclient import TestClient
 
 from lamina.kernel.plugins import load_plugins
 from lamina.server.http import Server
-from lamina.server.proto.lamina.v1 import inference_pb2 as pb
-from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
+from lamina.wire.proto.lamina.v1 import inference_pb2 as pb
+from lamina.wire.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
 from lamina.kernel.stack import Stack
 from lamina.kernel.stack_config import StackConfig
 from lamina.testing.abandon import leave_mid_answer, wait_until_idle

@@ -32,10 +32,10 @@ from lamina_hookspecs.errors import (
     RequestTimeoutError,
 )
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
-from lamina.server.convert import TENANT_METADATA, from_proto, to_proto_request
-from lamina.server.proto.lamina.v1 import inference_pb2 as pb
-from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
-from lamina.server.queue_wait import MAX_QUEUE_WAIT_HEADER
+from lamina.wire.convert import TENANT_METADATA, from_proto, to_proto_request
+from lamina.wire.proto.lamina.v1 import inference_pb2 as pb
+from lamina.wire.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
+from lamina.wire.queue_wait import MAX_QUEUE_WAIT_HEADER
 
 log = structlog.get_logger(__name__)
 

@@ -51,11 +51,11 @@ from lamina_hookspecs.types import RequestContext, StreamMeta, TokenChunk
 from lamina.kernel.admission import bearer_token
 from lamina.kernel.lifecycle import trace_context
 from lamina.kernel.pipeline import run_request
-from lamina.server.convert import TENANT_METADATA, to_proto
+from lamina.wire.convert import TENANT_METADATA, to_proto
 from lamina.server.openai_api import parse_chat, parse_completion
-from lamina.server.proto.lamina.v1 import inference_pb2 as pb
-from lamina.server.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
-from lamina.server.queue_wait import MAX_QUEUE_WAIT_HEADER, bounded, max_queue_wait
+from lamina.wire.proto.lamina.v1 import inference_pb2 as pb
+from lamina.wire.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
+from lamina.wire.queue_wait import MAX_QUEUE_WAIT_HEADER, bounded, max_queue_wait
 from lamina.kernel.stack import Stack
 
 SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["Inference"].full_name

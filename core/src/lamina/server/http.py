@@ -53,7 +53,7 @@ from lamina.server.metrics import Metrics
 from lamina import __version__
 from lamina.server.openai_api import (completion_body, parse_chat, parse_completion, parse_detokenize,
                                       parse_tokenize, unknown_fields)
-from lamina.server.queue_wait import MAX_QUEUE_WAIT_HEADER, bounded, max_queue_wait
+from lamina.wire.queue_wait import MAX_QUEUE_WAIT_HEADER, bounded, max_queue_wait
 from lamina.kernel.stack import Stack
 
 log = structlog.get_logger(__name__)

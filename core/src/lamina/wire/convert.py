@@ -10,7 +10,7 @@ a required call as its grammar.
 from __future__ import annotations
 
 from lamina_hookspecs.types import Request, TokenChunk, ToolCallDelta, TopLogprob, Usage
-from lamina.server.proto.lamina.v1 import inference_pb2 as pb
+from lamina.wire.proto.lamina.v1 import inference_pb2 as pb
 
 TENANT_METADATA = "x-lamina-tenant"
 """The tenant a gateway decided, passed to its workers (read only by a ``trust_tenant`` service)."""
