@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import uvicorn
 from lamina.kernel.plugins import load_plugins
+from lamina.pool import build_stack
 from lamina.server.http import Server
 from lamina.server.serve import build_app
-from lamina.kernel.stack import Stack
 from lamina.kernel.stack_config import StackConfig
 from lamina_jax.testing import release_compiled_code
 
@@ -29,7 +29,7 @@ class Live:
 
     def __init__(self, config: dict[str, Any], extra: tuple[tuple[str, object], ...] = ()) -> None:
         plugins = load_plugins(extra=extra)
-        self.stack = Stack(StackConfig.from_dict(config, plugins.registry), plugins)
+        self.stack = build_stack(StackConfig.from_dict(config, plugins.registry), plugins)
         self.http = Server(self.stack)
         self.server = uvicorn.Server(uvicorn.Config(build_app(self.stack, self.http), host="127.0.0.1", port=0,
                                                     log_config=None, access_log=False))

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 from lamina.bench.servers import free_port
-from lamina.replicas import LocalHandle, LocalProcesses
+from lamina.pool.replicas import LocalHandle, LocalProcesses
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.registration import Register
 from lamina_hookspecs.types import PoolSnapshot, ScaleDecision
@@ -47,7 +47,7 @@ def test_scale_up_then_drain_down_without_failing_a_request(live: Any, lamina_lo
     Scripted.target, Scripted.seen = 1, []
     server = live({"executor": {"use": "echo", "token_delay_s": 0.05}, "autoscaler": {"use": "scripted"},
                    "replicas": {"count": 1, "autoscale_interval_s": 0.2}}, ("scripted", ScriptedPlugin()))
-    pool = server.stack.replicas
+    pool = server.stack.pool.replicas
     Scripted.target = 3
     wait_for(lambda: len(pool.serving) == 3)
     metrics = httpx.get(f"{server.url}/metrics").text
@@ -81,7 +81,7 @@ def test_snapshot_counts_arrivals_ttft_and_errors(live: Any) -> None:
     for _ in range(4):
         assert httpx.post(f"{server.url}/v1/completions", json={**SLOW, "max_tokens": 3}).status_code == 200
     assert httpx.post(f"{server.url}/v1/completions", json={**SLOW, "model": "nope"}).status_code == 404
-    decision = server.stack.pool.tick(time.monotonic())  # scales nothing: safe off the event loop
+    decision = server.stack.pool.controller.tick(time.monotonic())  # scales nothing: safe off the event loop
     snapshot = Scripted.seen[-1]
     assert decision.replicas == 1
     assert snapshot.arrival_rate > 0 and snapshot.ttft_p95_s is not None and snapshot.itl_p95_s is not None
@@ -93,7 +93,7 @@ def test_a_replica_over_the_5xx_threshold_is_restarted_but_never_the_last(live: 
     server = live({"executor": {"use": "echo"},
                    "replicas": {"count": 2, "autoscale_interval_s": 0.2, "heal_error_rate": 0.05,
                                 "heal_min_requests": 5}})
-    pool, replicas = server.stack.pool, server.stack.replicas
+    pool, replicas = server.stack.pool.controller, server.stack.pool.replicas
     now = time.monotonic()
     old_pid = replicas.workers[0].handle.process.pid
     pool.traffic.outcomes.extend([(now, "replica-0", True)] * 4 + [(now, "replica-0", False)] * 6
@@ -116,8 +116,8 @@ def test_an_unhealthy_pool_degrades_to_the_fallback_model_then_restores(
     server = live({"executor": {"use": "echo", "model": "big"},
                    "replicas": {"count": 1, "autoscale_interval_s": 0.2, "heal_error_rate": 0.05,
                                 "heal_min_requests": 5, "fallback_model": "small", "fallback_probe_share": 0.5},
-                   "backends": [{"name": "small-0", "address": small.stack.replicas.workers[0].address}]})
-    pool, replicas = server.stack.pool, server.stack.replicas
+                   "backends": [{"name": "small-0", "address": small.stack.pool.replicas.workers[0].address}]})
+    pool, replicas = server.stack.pool.controller, server.stack.pool.replicas
     body = {**SLOW, "model": "big", "max_tokens": 2}
     assert httpx.post(f"{server.url}/v1/completions", json=body).json()["model"] == "big"
     old_pid = replicas.workers[0].handle.process.pid
@@ -180,14 +180,14 @@ def test_a_worker_dying_while_it_starts_is_noticed_at_once_and_started_again(
                    "replicas": {"count": 1, "autoscale_interval_s": 0.2, "restart_backoff_s": 0.1,
                                 "heal_error_rate": 0.05, "heal_min_requests": 5, "provider": "dies-at-launch"}},
                   ("scripted", ScriptedPlugin()), ("dies", DiesAtLaunchPlugin()))
-    replicas = server.stack.replicas
+    replicas = server.stack.pool.replicas
     Scripted.target = 2  # launch 2 dies: dropped, and the autoscaler's next tick asks again (launch 3)
     began = time.monotonic()
     wait_for(lambda: len(replicas.serving) == 2)
     failed = [e for e in lamina_logs if e["event"] == "replica_start_failed"]
     assert len(failed) == 1 and "status 3" in failed[0]["error"] and not failed[0]["retry"]
     assert time.monotonic() - began < 20, "not after start_timeout_s (600 s)"
-    server.stack.pool.traffic.outcomes.extend([(time.monotonic(), "replica-0", True)] * 5)
+    server.stack.pool.controller.traffic.outcomes.extend([(time.monotonic(), "replica-0", True)] * 5)
     # the heal restart's launch (4) dies: it is tried again after the back-off
     wait_for(lambda: replicas.workers[0].restarts == 1 and replicas.workers[0].ready
              and len(replicas.serving) == 2)
@@ -205,10 +205,10 @@ def _canary_stack(canary_executor: dict[str, Any], max_ttft_p95_ratio: float = 3
 def _serve_until_judged(server: Any) -> None:
     """Once the canary serves, send requests until the controller has judged it (the canary's
     share of them is random: a fixed count may leave it short of min_requests)."""
-    pool = server.stack.replicas
-    wait_for(lambda: pool.canary is not None and pool.canary.ready and server.stack.pool.canary_ready_at)
+    pool = server.stack.pool.replicas
+    wait_for(lambda: pool.canary is not None and pool.canary.ready and server.stack.pool.controller.canary_ready_at)
     for _ in range(300):
-        if server.stack.pool.canary_verdict is not None:
+        if server.stack.pool.controller.canary_verdict is not None:
             return
         assert httpx.post(f"{server.url}/v1/completions", json={**SLOW, "max_tokens": 2}).status_code == 200
     raise AssertionError("no verdict after 300 requests")
@@ -217,7 +217,7 @@ def _serve_until_judged(server: Any) -> None:
 def test_a_canary_within_the_rules_is_promoted(live: Any, lamina_logs: list[dict[str, Any]]) -> None:
     # as fast as the stable replica; a wide TTFT rule, since p95 of a few ~1 ms TTFTs is noise on a busy machine
     server = live(_canary_stack({"use": "echo", "vocab_size": 1000}, max_ttft_p95_ratio=50.0))
-    pool = server.stack.replicas
+    pool = server.stack.pool.replicas
     _serve_until_judged(server)
     wait_for(lambda: pool.canary is None and pool.actions["restart", "canary_promote"] == 1
              and len(pool.serving) == 1)
@@ -231,7 +231,7 @@ def test_a_canary_within_the_rules_is_promoted(live: Any, lamina_logs: list[dict
 
 def test_a_slower_canary_is_rolled_back(live: Any, lamina_logs: list[dict[str, Any]]) -> None:
     server = live(_canary_stack({"use": "echo", "prefill_s_per_token": 0.004}))  # ~80 ms more TTFT
-    pool = server.stack.replicas
+    pool = server.stack.pool.replicas
     _serve_until_judged(server)
     wait_for(lambda: pool.canary is None and pool.actions["canary_rollback", "canary"] == 1)
     assert pool.stack["executor"] == {"use": "echo"} and pool.actions["restart", "canary_promote"] == 0

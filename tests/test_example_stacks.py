@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from lamina.kernel.pipeline import run_request
 from lamina.kernel.plugins import load_plugins
-from lamina.kernel.stack import Stack
+from lamina.pool import build_stack
 from lamina.kernel.stack_config import StackConfig
 from lamina_hookspecs.types import Request, RequestContext, SamplingParams
 
@@ -18,7 +18,7 @@ STACKS = sorted((Path(__file__).resolve().parents[1] / "examples" / "stacks").gl
 @pytest.mark.parametrize("path", STACKS, ids=lambda p: p.name)
 def test_example_stack_serves_a_request(path: Path) -> None:
     plugins = load_plugins()
-    stack = Stack(StackConfig.from_toml(path, plugins.registry), plugins)
+    stack = build_stack(StackConfig.from_toml(path, plugins.registry), plugins)
 
     def parse(body: dict) -> Request:
         model = next(iter(stack.backends.values())).model.id  # known once started (workers report it)

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from lamina.kernel import tool_calls
 from lamina.kernel.plugins import load_plugins
-from lamina.remote import RemoteExecutor
+from lamina.pool.remote import RemoteExecutor
 from lamina.server import grpc_service
 from lamina.wire import convert
 from lamina.server.grpc_service import InferenceService, start_grpc

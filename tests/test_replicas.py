@@ -42,7 +42,7 @@ def test_requests_spread_over_replicas_that_report_their_state(live: Any, lamina
 def test_a_killed_worker_fails_its_stream_fast_and_is_restarted(live: Any) -> None:
     server = live({"executor": {"use": "echo", "token_delay_s": 0.05},
                    "replicas": {"count": 2, "restart_backoff_s": 0.1}})
-    replicas = server.stack.replicas
+    replicas = server.stack.pool.replicas
     with httpx.stream("POST", f"{server.url}/v1/completions", json=LONG, timeout=30) as response:
         lines = response.iter_lines()
         assert next(lines).startswith("data: {")
@@ -63,7 +63,7 @@ def test_a_killed_worker_fails_its_stream_fast_and_is_restarted(live: Any) -> No
 def test_a_request_whose_backend_is_gone_before_any_token_is_retried_elsewhere(
         live: Any, lamina_logs: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
     server = live({"executor": {"use": "echo"}, "replicas": {"count": 2, "restart_backoff_s": 30}})
-    dead = server.stack.replicas.workers[0]
+    dead = server.stack.pool.replicas.workers[0]
     backend = server.stack.backends[dead.name]
     healthy_looking = backend.state()  # read before the kill: the 100 ms poll may notice it at once
     monkeypatch.setattr(backend, "state", lambda: healthy_looking)  # as if the poll had not noticed yet
@@ -80,7 +80,7 @@ def test_a_request_whose_backend_is_gone_before_any_token_is_retried_elsewhere(
 
 def test_model_pools_of_local_replicas_and_remote_backends(live: Any, lamina_logs: list[dict[str, Any]]) -> None:
     far = live({"executor": {"use": "echo", "model": "pool-b"}, "replicas": {"count": 1}})
-    address = far.stack.replicas.workers[0].address
+    address = far.stack.pool.replicas.workers[0].address
     gateway = live({"executor": {"use": "echo", "model": "pool-a"}, "replicas": {"count": 1},
                     "backends": [{"name": "far", "address": address}]})
     for model in ("pool-a", "pool-b", "pool-a", "pool-b"):
@@ -111,7 +111,7 @@ def test_a_routing_tree_sends_requests_to_pools(live: Any, lamina_logs: list[dic
     big = live({"executor": {"use": "echo", "model": "pool-big"}, "replicas": {"count": 1}})
     gateway = live({
         "executor": {"use": "echo", "model": "pool-small"}, "replicas": {"count": 1},
-        "backends": [{"name": "big-0", "address": big.stack.replicas.workers[0].address}],
+        "backends": [{"name": "big-0", "address": big.stack.pool.replicas.workers[0].address}],
         "route_tree": {"classes": {"transactional": ["cancel", "refund"]}, "root": {
             "if": "intent has transactional", "then": {"name": "txn", "pool": "pool-big", "router": "round-robin"},
             "else": {"name": "chat", "pool": "pool-small", "router": "round-robin"}}},

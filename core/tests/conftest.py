@@ -5,6 +5,7 @@ from typing import Any
 import pytest
 from lamina.kernel.plugins import PluginSet
 from lamina.kernel.stack import Stack
+from lamina import pool
 from lamina.kernel.stack_config import StackConfig
 
 ECHO_STACK: dict[str, Any] = {
@@ -23,6 +24,6 @@ def build_stack(make_plugins: Any) -> Any:
         plugins: PluginSet = make_plugins(*extra, entry_points=True)
         merged = {**ECHO_STACK, **(overrides or {})}
         config = StackConfig.from_dict({k: v for k, v in merged.items() if v is not None}, plugins.registry)
-        return Stack(config, plugins)
+        return pool.build_stack(config, plugins)
 
     return build

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from lamina.canary import CanaryConfig, judge
+from lamina.kernel.pool_tables import CanaryConfig
+from lamina.pool.canary import judge
 
 CONFIG = CanaryConfig(min_requests=10, warmup_requests=2, max_error_rate_increase=0.05, max_ttft_p95_ratio=1.5)
 STABLE = [(False, 0.1)] * 100

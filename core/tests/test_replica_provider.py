@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 from lamina.kernel.plugins import load_plugins
-from lamina.replicas import LocalProcesses
+from lamina.pool.replicas import LocalProcesses
 from lamina.kernel.stack import Stack
+from lamina.pool import build_stack
 from lamina.kernel.stack_config import StackConfig
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import ConfigError
@@ -41,7 +42,7 @@ def test_workers_are_launched_through_the_configured_provider() -> None:
     plugins = load_plugins(extra=(("counting", Plugin()),))
     config = StackConfig.from_dict({"executor": {"use": "echo"}, "replicas": {"count": 2, "provider": "counting"}},
                                    plugins.registry)
-    stack = Stack(config, plugins)
+    stack = build_stack(config, plugins)
 
     async def run() -> list[str]:
         await stack.start()
@@ -61,12 +62,12 @@ def test_a_crashed_worker_is_relaunched_once_while_its_launch_takes_time(monkeyp
     config = StackConfig.from_dict({"executor": {"use": "echo"},
                                     "replicas": {"count": 1, "provider": "counting", "restart_backoff_s": 0}},
                                    plugins.registry)
-    stack = Stack(config, plugins)
+    stack = build_stack(config, plugins)
 
     async def run() -> int:
         await stack.start()
         try:
-            worker, deadline = stack.replicas.workers[0], time.monotonic() + 30
+            worker, deadline = stack.pool.replicas.workers[0], time.monotonic() + 30
             crashed = worker.handle
             crashed.process.kill()
             while worker.handle is crashed or stack.backends["replica-0"] is not worker.executor:
@@ -85,3 +86,11 @@ def test_an_unknown_provider_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as info:
         StackConfig.from_dict({"replicas": {"count": 1, "provider": "kubernetes"}}, load_plugins().registry)
     assert info.value.path == "replicas.provider.use" and "no replica provider named 'kubernetes'" in str(info.value)
+
+
+def test_the_kernel_alone_refuses_a_stack_whose_executor_runs_elsewhere() -> None:
+    plugins = load_plugins()
+    config = StackConfig.from_dict({"executor": {"use": "echo"}, "replicas": {"count": 1}}, plugins.registry)
+    with pytest.raises(ConfigError, match="lamina.pool.build_stack") as raised:
+        Stack(config, plugins)
+    assert raised.value.path == "replicas"

@@ -56,16 +56,16 @@ from lamina_hookspecs.types import BackendState, PoolSnapshot, ScaleDecision
 from lamina.htmlreport import line_svg, page, table
 from lamina.kernel.options import build_options
 from lamina.kernel.registry import ComponentRegistry
-from lamina.kernel.stack import _instantiate
-from lamina.kernel.stack_config import _spec
+from lamina.kernel.stack import instantiate
+from lamina.kernel.stack_config import component_spec
 
 # ---------------------------------------------------------------------------------------------- policy
 
 
 def build_policy(name: str, options: Mapping[str, Any], registry: ComponentRegistry) -> Autoscaler:
     """The autoscaler ``name`` with ``options``, built as ``[autoscaler] use = name`` would be."""
-    spec = _spec((layers.AUTOSCALER,), {"use": name, **options}, layers.AUTOSCALER.key, registry)
-    return _instantiate(spec, BuildContext(stack_name="replay"))
+    spec = component_spec((layers.AUTOSCALER,), {"use": name, **options}, layers.AUTOSCALER.key, registry)
+    return instantiate(spec, BuildContext(stack_name="replay"))
 
 
 def parse_assignments(items: Sequence[str], what: str) -> dict[str, Any]:

@@ -88,8 +88,8 @@ def _with_model(config: StackConfig, args: argparse.Namespace, registry: Compone
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from lamina.pool import build_stack
     from lamina.server.serve import serve
-    from lamina.kernel.stack import Stack
 
     plugins = load_plugins()
     try:
@@ -102,7 +102,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                                            source=config.source)
         overrides = {key: value for key, value in
                      (("host", args.host), ("port", args.port), ("grpc_port", args.grpc_port)) if value is not None}
-        stack = Stack(attrs.evolve(config, server=attrs.evolve(config.server, **overrides)), plugins)
+        stack = build_stack(attrs.evolve(config, server=attrs.evolve(config.server, **overrides)), plugins)
     except ConfigError as exc:
         print(f"error: {args.stack or 'default stack'}: {exc}", file=sys.stderr)
         return 1
@@ -110,8 +110,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
+    from lamina.pool import build_stack
     from lamina.server.serve import serve_worker
-    from lamina.kernel.stack import Stack
 
     plugins = load_plugins()
     if args.stack is None and args.model is None:
@@ -120,7 +120,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     try:
         config = (StackConfig.from_toml(args.stack, plugins.registry) if args.stack
                   else StackConfig.from_dict({}, plugins.registry))
-        stack = Stack(_with_model(config, args, plugins.registry), plugins)
+        stack = build_stack(_with_model(config, args, plugins.registry), plugins)
     except ConfigError as exc:
         print(f"error: {args.stack or '--model'}: {exc}", file=sys.stderr)
         return 1

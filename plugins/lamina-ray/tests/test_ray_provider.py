@@ -13,8 +13,9 @@ import pytest
 import ray
 from lamina.kernel.pipeline import run_request
 from lamina.kernel.plugins import load_plugins
-from lamina.replicas import ReplicaSet
+from lamina.pool.replicas import ReplicaSet
 from lamina.kernel.stack import Stack
+from lamina.pool import build_stack
 from lamina.kernel.stack_config import StackConfig
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.protocols import Executor
@@ -76,7 +77,7 @@ def actors() -> list[str]:
 
 
 async def scale_and_heal(stack: Stack) -> None:
-    pool: ReplicaSet = stack.replicas
+    pool: ReplicaSet = stack.pool.replicas
     assert await serve(stack, "one replica") == "one replica"
     assert actors() == ["lamina:ray-test:replica-0:1"]
 
@@ -112,7 +113,7 @@ def test_ray_actors_scale_up_down_and_are_replaced_when_killed(cluster: None) ->
         "replicas": {"count": 1, "provider": "ray", "autoscale_interval_s": 0.2, "restart_backoff_s": 0.1,
                      "start_timeout_s": 60},
     }, plugins.registry)
-    stack = Stack(config, plugins)
+    stack = build_stack(config, plugins)
 
     async def run() -> None:
         await stack.start()

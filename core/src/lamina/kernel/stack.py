@@ -4,14 +4,19 @@
 registers core's own implementations of ``lamina_admit`` and ``lamina_route`` (as
 pytest registers its default plugins), so plugins can wrap or override those phases.
 The hot path then calls the resolved objects directly.
+
+A stack whose executor runs elsewhere (``[replicas]`` workers, ``[[backends]]``) gets its backends
+from a :class:`BackendPool`, which :mod:`lamina.pool` builds (``lamina.pool.build_stack``): the kernel
+defines what it needs from one and never imports it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 import attrs
 import structlog
@@ -27,9 +32,6 @@ from lamina.kernel.lifecycle import notify
 from lamina.kernel.options import build_options
 from lamina.kernel.plugins import PluginSet
 from lamina.kernel.registry import Component
-from lamina.autoscaling import PoolController
-from lamina.remote import RemoteExecutor
-from lamina.replicas import ReplicaSet
 from lamina.kernel.stack_config import ComponentSpec, Split, StackConfig
 
 CORE_PLUGIN_NAME = "lamina.core"
@@ -37,6 +39,48 @@ ROUTE_TREE_KEY = "lamina.route_tree"
 """Where the routing tree's decision lives in ``RequestContext.attributes``."""
 
 log = structlog.get_logger(__name__)
+
+
+@attrs.frozen(kw_only=True)
+class PoolStatus:
+    """A backend pool at one moment, for ``/metrics``."""
+
+    serving: int
+    starting: int
+    draining: int
+    target: int | None
+    """Replicas the autoscaler last asked for (serving plus warm); None before its first decision."""
+    cold_start_s: float | None
+    """The latest replica's spawn-to-ready time."""
+    actions: Counter[tuple[str, str]]
+    """(action, reason) → times taken: spawn, drain, restart, degrade, restore."""
+
+
+class BackendPool(Protocol):
+    """Backends outside this process (worker replicas, remote servers) and the policy that steers
+    requests among them while they change."""
+
+    backends: dict[str, Executor]
+    """Name → executor, live: the stack routes over this dict, and workers join it once ready."""
+
+    def fallback(self, ctx: RequestContext, request: Request) -> Request:
+        """The request, sent to another model while the pool is degraded (else unchanged)."""
+
+    def split(self, ctx: RequestContext, candidates: dict[str, Executor]) -> dict[str, Executor]:
+        """The candidates a request may go to while a canary takes its share."""
+
+    def status(self) -> PoolStatus | None:
+        """The replicas' state, or None for a pool without replicas."""
+
+    async def start(self, pm: Any) -> None:
+        """Start every backend; ``pm`` (the stack's plugin manager) lets the pool observe requests."""
+
+    async def stop(self, pm: Any) -> None:
+        """Stop every backend, draining replicas."""
+
+
+PoolFactory = Callable[["Stack"], BackendPool]
+"""Builds the pool of a stack with ``[replicas]`` or ``[[backends]]``, once its other layers are built."""
 
 
 @attrs.define
@@ -59,7 +103,8 @@ class Arms:
         return arm, self.instances[arm]
 
 
-def _instantiate(spec: ComponentSpec, context: BuildContext) -> Any:
+def instantiate(spec: ComponentSpec, context: BuildContext) -> Any:
+    """Build one component from its validated spec; every failure is a ``ConfigError`` at its path."""
     component = spec.component
     try:
         instance = component.factory(spec.options, context)
@@ -88,8 +133,8 @@ def _build_arms(layer: str, value: ComponentSpec | Split | None, stack_name: str
     if value is None:
         return Arms(layer, {})
     if isinstance(value, ComponentSpec):
-        return Arms(layer, {"": _instantiate(value, BuildContext(stack_name=stack_name, **deps))})
-    instances = {arm.name: _instantiate(arm.spec, BuildContext(stack_name=stack_name, arm=arm.name, **deps))
+        return Arms(layer, {"": instantiate(value, BuildContext(stack_name=stack_name, **deps))})
+    instances = {arm.name: instantiate(arm.spec, BuildContext(stack_name=stack_name, arm=arm.name, **deps))
                  for arm in value.arms}
     picker = ArmPicker.from_weights(f"lamina.{layer}", [(arm.name, arm.weight) for arm in value.arms])
     return Arms(layer, instances, picker, value.sticky_by)
@@ -98,7 +143,7 @@ def _build_arms(layer: str, value: ComponentSpec | Split | None, stack_name: str
 class Stack:
     """Everything one deployment runs, built from a stack file."""
 
-    def __init__(self, config: StackConfig, plugins: PluginSet) -> None:
+    def __init__(self, config: StackConfig, plugins: PluginSet, pool: PoolFactory | None = None) -> None:
         self.config, self.plugins, self.pm = config, plugins, plugins.pm
         name = config.meta.name
         self.batching = _build_arms("batching", config.layers["batching"], name)
@@ -107,9 +152,11 @@ class Stack:
         if any(len(arms.instances) > 1 for arms in (self.batching, self.prefix_cache, self.prewarm)):
             raise ConfigError("ab", "splitting batching, prefix_cache or prewarm needs one executor per arm "
                                     "(not yet supported)")
-        self.replicas: ReplicaSet | None = None
-        self.pool: PoolController | None = None
-        if config.remote:  # the executor runs in workers or remote servers: see _remote_backends
+        if config.remote and pool is None:
+            raise ConfigError("replicas" if config.replicas.count else "backends",
+                              "a stack whose executor runs in workers or remote servers is built with "
+                              "lamina.pool.build_stack")
+        if config.remote:  # the executor runs in workers or remote servers: the pool's backends
             self.executors = Arms("executor", {})
         else:
             self.executors = _build_arms(
@@ -120,40 +167,22 @@ class Stack:
             )
         self.routers = _build_arms("router", config.layers["router"], name)
         self.route_tree = None if config.route_tree is None else config.route_tree.map_routers(
-            lambda leaf: _instantiate(leaf.router, BuildContext(stack_name=name)))
+            lambda leaf: instantiate(leaf.router, BuildContext(stack_name=name)))
         self.route_leaves = {leaf.name: leaf for leaf in self.route_tree.leaves()} if self.route_tree else {}
         self.codecs = _build_arms("codec", config.layers["codec"], name)
         self.autoscaler = _build_arms("autoscaler", config.layers["autoscaler"], name).instances[""]
         self.tool_parser: ToolParser | None = _build_arms("tool_parser", config.layers["tool_parser"],
                                                           name).instances.get("")
-        self.backends: dict[str, Executor] = (self._remote_backends(config) if config.remote else {
+        self.pool: BackendPool | None = pool(self) if config.remote and pool is not None else None
+        self.backends: dict[str, Executor] = self.pool.backends if self.pool is not None else {
             (arm or "local"): executor for arm, executor in self.executors.instances.items()
-        })
+        }
         self.admission = self._build_admission(config.admission, name)
-        if self.replicas is not None:
-            self.pool = PoolController(self.replicas, self.autoscaler, config.replicas, config.canary)
-        self.observers = [(f"observer[{i}]:{spec.name}", _instantiate(spec, BuildContext(stack_name=name)))
+        self.observers = [(f"observer[{i}]:{spec.name}", instantiate(spec, BuildContext(stack_name=name)))
                           for i, spec in enumerate(config.observers)]
         self._core_hooks = _CoreHooks(self)
-        canary = config.canary.share if config.canary else 0.0
-        probe = config.replicas.fallback_probe_share
-        self._canary_picker = ArmPicker.from_weights("lamina.canary", [("canary", canary), ("stable", 1 - canary)])
-        self._fallback_picker = ArmPicker.from_weights("lamina.fallback", [("pool", probe), ("fallback", 1 - probe)])
         self.started = False
         self._codecs_by_type: dict[str, Codec] | None = None
-
-    def _remote_backends(self, config: StackConfig) -> dict[str, Executor]:
-        """One executor per ``[[backends]]`` entry (a :class:`RemoteExecutor` for an address, else the
-        entry's own executor); local workers (``[replicas]``) join the returned dict as they become ready."""
-        context = BuildContext(stack_name=config.meta.name)
-        backends: dict[str, Executor] = {
-            b.name: RemoteExecutor(b.name, b.address) if b.executor is None else _instantiate(b.executor, context)
-            for b in config.backends}
-        if config.replicas.count:
-            provider = None if config.replica_provider is None else _instantiate(config.replica_provider, context)
-            self.replicas = ReplicaSet(config.replicas, config.raw, backends, provider=provider,
-                                       drain_timeout_s=config.server.drain_timeout_s)
-        return backends
 
     def _build_admission(self, specs: Sequence[ComponentSpec | Split], name: str) -> Admission:
         entries, breakers = [], []
@@ -193,7 +222,7 @@ class Stack:
                     spec = ComponentSpec(component=component, options=_default_options(component),
                                          path=f"codec ({component.name})")
                     try:
-                        codec = _instantiate(spec, BuildContext(stack_name=self.config.meta.name))
+                        codec = instantiate(spec, BuildContext(stack_name=self.config.meta.name))
                     except ConfigError as exc:
                         log.warning("codec_unavailable", codec=component.name, error=str(exc))
                         continue
@@ -214,27 +243,8 @@ class Stack:
         return attrs.evolve(request, model=leaf.pool)
 
     def apply_fallback(self, ctx: RequestContext, request: Request) -> Request:
-        """While the replica pool is degraded (see :mod:`lamina.autoscaling`), its requests go to
-        the fallback model (all of them while no replica serves, else all but the probe share);
-        the ``fallback`` arm records which."""
-        pool, replicas = self.pool, self.replicas
-        if pool is None or pool.degraded_at is None or replicas is None or request.model != replicas.model:
-            return request
-        arm = ctx.arms.setdefault("fallback", self._fallback_picker.pick(ctx.request_id)
-                                  if replicas.serving else "fallback")
-        fallback = self.config.replicas.fallback_model
-        return request if arm == "pool" or fallback is None else attrs.evolve(request, model=fallback)
-
-    def _canary_split(self, ctx: RequestContext, candidates: dict[str, Executor]) -> dict[str, Executor]:
-        """While a canary serves, its share of requests (by request id) go to it alone, the rest
-        to the stable replicas (all to it while no stable one is up, as during a promotion's
-        restarts); the ``canary`` arm records which."""
-        canary = self.replicas.canary if self.replicas is not None else None
-        if canary is None or not canary.ready or canary.draining or canary.name not in candidates:
-            return candidates
-        stable = {name: e for name, e in candidates.items() if name != canary.name}
-        arm = ctx.arms.setdefault("canary", self._canary_picker.pick(ctx.request_id) if stable else "canary")
-        return {canary.name: candidates[canary.name]} if arm == "canary" else stable
+        """The request, sent to the pool's fallback model while its replicas heal (else unchanged)."""
+        return request if self.pool is None else self.pool.fallback(ctx, request)
 
     def serving(self, model: str) -> list[Executor]:
         """The backends that serve ``model``; ``NotFoundError`` (404 ``model_not_found``) if none does."""
@@ -253,41 +263,34 @@ class Stack:
             candidates = {arm: executor}
         else:
             candidates = {name: e for name, e in self.backends.items() if e.model.id == request.model}
-            candidates = self._canary_split(ctx, candidates)
+            if self.pool is not None:
+                candidates = self.pool.split(ctx, candidates)
         now = time.monotonic()  # the breakers' clock: the pipeline reports started/finished on it too
         return [attrs.evolve(executor.state(), name=name,
                              circuit_open=self.admission.retry_after(name, now) is not None)
                 for name, executor in candidates.items()]
 
     async def start(self) -> None:
-        """Start every executor, then tell observers the stack is up."""
+        """Start every executor (or the pool), then tell observers the stack is up."""
         self.pm.register(self._core_hooks, name=CORE_PLUGIN_NAME)
         for plugin_name, observer in self.observers:
             self.pm.register(observer, name=plugin_name)
-        await asyncio.gather(*(executor.start() for executor in self.backends.values()),
-                             *([self.replicas.start()] if self.replicas is not None else []))
-        fallback = self.config.replicas.fallback_model
-        served = sorted({executor.model.id for executor in self.backends.values()})
-        if fallback is not None and fallback not in served:
-            raise ConfigError("replicas.fallback_model", f"no backend serves {fallback!r}; served: {', '.join(served)}")
         if self.pool is not None:
-            self.pm.register(self.pool.traffic, name="lamina.pool-traffic")
-            self.pool.start()
+            await self.pool.start(self.pm)
+        else:
+            await asyncio.gather(*(executor.start() for executor in self.backends.values()))
         self.started = True
         await notify(self.pm, "lamina_stack_started", stack=self.info)
 
     async def stop(self) -> None:
-        """Tell observers, then stop every executor."""
+        """Tell observers, then stop every executor (or the pool)."""
         self.started = False
         await notify(self.pm, "lamina_stack_stopping", stack=self.info)
         if self.pool is not None:
-            await self.pool.stop()
-            if self.pm.is_registered(self.pool.traffic):  # not when start failed
-                self.pm.unregister(self.pool.traffic)
-        if self.replicas is not None:
-            await self.replicas.stop()
-        for executor in self.backends.values():
-            await executor.stop()
+            await self.pool.stop(self.pm)
+        else:
+            for executor in self.backends.values():
+                await executor.stop()
         self.pm.unregister(self._core_hooks)
         for plugin_name, observer in self.observers:
             self.pm.unregister(observer)

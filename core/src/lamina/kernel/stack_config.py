@@ -21,8 +21,8 @@ from lamina_hookspecs import layers
 from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.layers import Layer
 from lamina.kernel.options import build_options, check_keys
+from lamina.kernel.pool_tables import CANARY_TABLES, CanaryConfig, ReplicasConfig
 from lamina.kernel.registry import Component, ComponentRegistry
-from lamina.canary import CANARY_TABLES, CanaryConfig
 from lamina.kernel.route_tree import RouteTree, parse_tree
 from lamina.kernel.slo import SloConfig
 
@@ -43,9 +43,6 @@ SINGLE: tuple[Layer, ...] = (layers.AUTOSCALER, layers.TOOL_PARSER)
 STICKY_KEYS = ("tenant", "user", "request")
 SECTIONS = ("stack", "server", "replicas", "canary", "backends", "route_tree", "admission", "observers", "slo", "ab",
             *(layer.key for layer in SPLITTABLE + SINGLE))
-WORKER_SECTIONS = ("stack", "executor", "prefix_cache", "batching", "prewarm")
-"""What a worker process (``lamina worker``) takes from its gateway's stack: the executor and
-what it is built with. Admission, routing, observers and SLOs stay with the gateway."""
 
 
 @attrs.frozen(kw_only=True)
@@ -114,38 +111,6 @@ class ServerConfig:
             "help": "once the model is loaded, how much lower the CPU priority of the process's other threads "
                     "(the engine, XLA's compute pool) is than the event loop's, so that answers and refusals "
                     "do not wait for a core (Linux; 0: the same)"})
-
-
-@attrs.frozen(kw_only=True)
-class ReplicasConfig:
-    """The ``[replicas]`` table: worker processes, each running the stack's executor; local
-    child processes unless ``provider = "<name>"`` (or ``{ use = ..., options }``) places them."""
-
-    count: int = attrs.field(default=0, validator=attrs.validators.ge(0), metadata={
-        "help": "worker processes (lamina worker) to start and supervise; 0 runs the executor in this process"})
-    host: str = attrs.field(default="127.0.0.1", metadata={"help": "address the workers listen on"})
-    base_port: int = attrs.field(
-        default=0, validator=[attrs.validators.ge(0), attrs.validators.le(65535)],
-        metadata={"help": "gRPC port of the first worker, the others follow it; 0 picks free ports"})
-    restart_backoff_s: float = attrs.field(default=1.0, validator=attrs.validators.ge(0.0), metadata={
-        "help": "wait before restarting a crashed worker, doubled per crash in a row (at most 30 s)"})
-    start_timeout_s: float = attrs.field(default=600.0, validator=attrs.validators.gt(0.0), metadata={
-        "help": "how long a worker may take to load its model"})
-    autoscale_interval_s: float = attrs.field(default=5.0, validator=attrs.validators.gt(0.0), metadata={
-        "help": "how often the [autoscaler] decides the replica count"})
-    heal_error_rate: float | None = attrs.field(
-        default=None, validator=attrs.validators.optional([attrs.validators.gt(0.0), attrs.validators.lt(1.0)]),
-        metadata={"help": "restart (rolling, never the last) a replica whose 5xx share exceeds this; off if unset"})
-    heal_window_s: float = attrs.field(default=120.0, validator=attrs.validators.gt(0.0), metadata={
-        "help": "the window the 5xx share is measured over"})
-    heal_min_requests: int = attrs.field(default=20, validator=attrs.validators.ge(1), metadata={
-        "help": "requests a replica must have served in the window before it can be judged"})
-    fallback_model: str | None = attrs.field(default=None, metadata={
-        "help": "while healing, send the pool's requests to this model's backends (a degraded dependency, "
-                "e.g. a smaller model); needs heal_error_rate"})
-    fallback_probe_share: float = attrs.field(
-        default=0.1, validator=[attrs.validators.ge(0.0), attrs.validators.le(1.0)],
-        metadata={"help": "share of the pool's requests still sent to it while degraded, to see it recover"})
 
 
 @attrs.frozen(kw_only=True)
@@ -235,11 +200,12 @@ class StackConfig:
                 resolved[layer.key] = _split((layer,), _table(ab[layer.key], f"ab.{layer.key}"), f"ab.{layer.key}",
                                              registry)
             elif layer.key in data:
-                resolved[layer.key] = _spec((layer,), _table(data[layer.key], layer.key), layer.key, registry)
+                resolved[layer.key] = component_spec((layer,), _table(data[layer.key], layer.key), layer.key, registry)
             elif layer.key in DEFAULTS and not (layer is layers.EXECUTOR and pool_only):
-                resolved[layer.key] = _spec((layer,), {"use": DEFAULTS[layer.key]}, layer.key, registry)
+                resolved[layer.key] = component_spec((layer,), {"use": DEFAULTS[layer.key]}, layer.key, registry)
             elif INSTALLED_DEFAULTS.get(layer.key) in registry.names(layer):
-                resolved[layer.key] = _spec((layer,), {"use": INSTALLED_DEFAULTS[layer.key]}, layer.key, registry)
+                resolved[layer.key] = component_spec((layer,), {"use": INSTALLED_DEFAULTS[layer.key]}, layer.key,
+                                                     registry)
             else:
                 resolved[layer.key] = None
         admission, observers = _array(data, "admission"), _array(data, "observers")
@@ -267,19 +233,19 @@ class StackConfig:
                 for i, item in enumerate(admission)
             ),
             observers=tuple(
-                _spec((layers.OBSERVER,), _table(item, f"observers[{i}]"), f"observers[{i}]", registry)
+                component_spec((layers.OBSERVER,), _table(item, f"observers[{i}]"), f"observers[{i}]", registry)
                 for i, item in enumerate(observers)
             ),
             slo=build_options(SloConfig, _table(data.get("slo", {}), "slo"), "slo"),
             replicas=replicas,
             canary=canary,
-            replica_provider=None if provider is None else _spec(
+            replica_provider=None if provider is None else component_spec(
                 (layers.REPLICA_PROVIDER,), {"use": provider} if isinstance(provider, str)
                 else _table(provider, "replicas.provider"), "replicas.provider", registry),
             backends=backends,
             route_tree=None if "route_tree" not in data else parse_tree(
                 _table(data["route_tree"], "route_tree"), "route_tree",
-                lambda value, path: _spec((layers.ROUTER,), {"use": value} if isinstance(value, str)
+                lambda value, path: component_spec((layers.ROUTER,), {"use": value} if isinstance(value, str)
                                           else _table(value, path), path, registry)),
             raw=data,
             source=source,
@@ -321,8 +287,8 @@ def _backend(table: Mapping[str, Any], path: str, registry: ComponentRegistry) -
     if "executor" in table:
         if backend.address:
             raise ConfigError(path, "give a backend an address or an executor, not both")
-        executor = _spec((layers.EXECUTOR,), _table(table["executor"], f"{path}.executor"), f"{path}.executor",
-                         registry)
+        executor = component_spec((layers.EXECUTOR,), _table(table["executor"], f"{path}.executor"),
+                                  f"{path}.executor", registry)
         return attrs.evolve(backend, executor=executor)
     if not backend.address:
         raise ConfigError(f"{path}.address", "missing: a backend needs an address (gRPC host:port) or an executor")
@@ -347,7 +313,7 @@ def _canary(table: Mapping[str, Any], replicas: ReplicasConfig, registry: Compon
     if not tables:
         raise ConfigError("canary", f"give the configuration to try: one or more of {', '.join(CANARY_TABLES)}")
     for key, value in tables.items():
-        _spec((kinds[key],), _table(value, f"canary.{key}"), f"canary.{key}", registry)
+        component_spec((kinds[key],), _table(value, f"canary.{key}"), f"canary.{key}", registry)
     rules = {k: v for k, v in table.items() if k not in CANARY_TABLES}
     return attrs.evolve(build_options(CanaryConfig, rules, "canary"), tables=tables)
 
@@ -359,8 +325,9 @@ def _array(data: Mapping[str, Any], key: str) -> list[Any]:
     return value
 
 
-def _spec(kinds: tuple[Layer, ...], table: Mapping[str, Any], path: str, registry: ComponentRegistry
-          ) -> ComponentSpec:
+def component_spec(kinds: tuple[Layer, ...], table: Mapping[str, Any], path: str, registry: ComponentRegistry
+                   ) -> ComponentSpec:
+    """A ``use = ...`` table (with that implementation's options) of one of ``kinds``, validated."""
     if "use" not in table:
         raise ConfigError(f"{path}.use", "missing: name the implementation, e.g. use = \"...\"")
     use = table["use"]
@@ -374,7 +341,7 @@ def _spec(kinds: tuple[Layer, ...], table: Mapping[str, Any], path: str, registr
 def _admission_entry(table: Mapping[str, Any], path: str, registry: ComponentRegistry) -> ComponentSpec | Split:
     """One ``[[admission]]`` table: ``use = ...`` with options, or ``arms = [...]`` (same kind in every arm)."""
     if "arms" not in table:
-        return _spec(layers.ADMISSION, table, path, registry)
+        return component_spec(layers.ADMISSION, table, path, registry)
     split = _split(layers.ADMISSION, table, path, registry)
     kinds = {arm.spec.component.layer for arm in split.arms}
     if len(kinds) > 1:
@@ -406,5 +373,5 @@ def _split(kinds: tuple[Layer, ...], table: Mapping[str, Any], path: str, regist
             raise ConfigError(f"{arm_path}.weight", f"must be a positive number; got {weight!r}")
         seen.add(name)
         rest = {k: v for k, v in raw.items() if k not in ("name", "weight")}
-        arms.append(Arm(name=name, weight=float(weight), spec=_spec(kinds, rest, arm_path, registry)))
+        arms.append(Arm(name=name, weight=float(weight), spec=component_spec(kinds, rest, arm_path, registry)))
     return Split(arms=tuple(arms), sticky_by=sticky_by)

@@ -141,24 +141,23 @@ class _PoolStats(Collector):
         self.stack = stack
 
     def collect(self) -> Iterator[Metric]:
-        replicas, pool = self.stack.replicas, self.stack.pool
-        if replicas is None or pool is None:
+        status = self.stack.pool.status() if self.stack.pool is not None else None
+        if status is None:
             return
         states = GaugeMetricFamily("lamina_replicas", "Worker replicas by state.", labels=["state"])
-        draining = sum(w.draining and not w.restarting for w in replicas.workers)  # restarting: "starting"
-        for state, count in (("serving", len(replicas.serving)), ("starting", len(replicas.starting)),
-                             ("draining", draining)):
+        for state, count in (("serving", status.serving), ("starting", status.starting),
+                             ("draining", status.draining)):
             states.add_metric([state], count)
         yield states
-        if pool.last is not None:
+        if status.target is not None:
             yield GaugeMetricFamily("lamina_autoscaler_target_replicas", "Replicas the autoscaler last asked for "
-                                    "(serving plus warm).", value=pool.last.target)
-        if replicas.cold_starts_s:
+                                    "(serving plus warm).", value=status.target)
+        if status.cold_start_s is not None:
             yield GaugeMetricFamily("lamina_replica_cold_start_seconds", "The latest replica's spawn-to-ready time.",
-                                    value=replicas.cold_starts_s[-1])
+                                    value=status.cold_start_s)
         actions = CounterMetricFamily("lamina_replica_actions", "Replica actions (spawn, drain, restart) by reason.",
                                       labels=["action", "reason"])
-        for (action, reason), count in sorted(replicas.actions.items()):
+        for (action, reason), count in sorted(status.actions.items()):
             actions.add_metric([action, reason], count)
         yield actions
 

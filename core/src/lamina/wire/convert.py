@@ -1,7 +1,7 @@
 """Between the pipeline's value types and ``lamina.v1`` messages, both ways.
 
 The gRPC service writes chunks with :func:`to_proto`; a gateway talking to its workers
-(:mod:`lamina.remote`) writes requests with :func:`to_proto_request` and reads chunks back
+(:mod:`lamina.pool.remote`) writes requests with :func:`to_proto_request` and reads chunks back
 with :func:`from_proto`. The gateway reads tool calls out of the text itself, so a worker
 gets a chat's tools as text (the tool parser's instructions, the calls of earlier turns) and
 a required call as its grammar.

@@ -26,9 +26,9 @@ from lamina_hookspecs.errors import LaminaError
 from lamina_hookspecs.protocols import Autoscaler
 from lamina_hookspecs.stats import percentile
 from lamina_hookspecs.types import FinishReason, PoolSnapshot, RequestContext, ScaleDecision
-from lamina.canary import CanaryConfig, Verdict, judge
-from lamina.replicas import ReplicaSet
-from lamina.kernel.stack_config import ReplicasConfig
+from lamina.kernel.pool_tables import CanaryConfig, ReplicasConfig
+from lamina.pool.canary import Verdict, judge
+from lamina.pool.replicas import ReplicaSet
 
 log = structlog.get_logger(__name__)
 

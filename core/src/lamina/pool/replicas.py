@@ -2,7 +2,7 @@
 
 Each worker runs the stack's executor behind the gRPC API (in a child process, or wherever
 the ``[replicas] provider`` places it) and is reached
-through a :class:`~lamina.remote.RemoteExecutor`, which joins the stack's backends once the
+through a :class:`~lamina.pool.remote.RemoteExecutor`, which joins the stack's backends once the
 worker is ready (the time from spawn to ready is kept as a measured cold start). A watch task
 checks the processes twice a second: a worker that exited is logged with its exit status,
 counted, and started again on the same port after a back-off (``restart_backoff_s``, doubled
@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import subprocess
 import sys
 import tempfile
@@ -36,9 +37,8 @@ from typing import Any, Literal
 import structlog
 
 from lamina_hookspecs.protocols import Executor, ReplicaHandle, ReplicaProvider
-from lamina.bench.servers import free_port
-from lamina.remote import RemoteExecutor
-from lamina.kernel.stack_config import WORKER_SECTIONS, ReplicasConfig
+from lamina.pool.remote import RemoteExecutor
+from lamina.kernel.pool_tables import WORKER_SECTIONS, ReplicasConfig
 
 log = structlog.get_logger(__name__)
 
@@ -47,6 +47,13 @@ MAX_BACKOFF_S = 30.0
 STABLE_S = 60.0
 """A worker that ran this long before exiting restarts after the base back-off again."""
 COLD_STARTS_KEPT = 20
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 class LocalHandle:

@@ -22,34 +22,12 @@ decision is logged with the figures and counted in ``lamina_replica_actions_tota
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import attrs
 
 from lamina_hookspecs.stats import percentile
-
-CANARY_TABLES = ("executor", "prefix_cache", "batching", "prewarm")
-
-
-@attrs.frozen(kw_only=True)
-class CanaryConfig:
-    """The ``[canary]`` table (its component tables are kept apart in ``tables``)."""
-
-    tables: Mapping[str, Any] = attrs.field(factory=dict)
-    share: float = attrs.field(default=0.05, validator=[attrs.validators.gt(0.0), attrs.validators.lt(1.0)],
-                               metadata={"help": "share of requests sent to the canary"})
-    min_requests: int = attrs.field(default=200, validator=attrs.validators.ge(1),
-                                    metadata={"help": "canary requests before it is judged"})
-    warmup_requests: int = attrs.field(default=5, validator=attrs.validators.ge(0), metadata={
-        "help": "the canary's first requests, not judged (a fresh replica's first calls run cold)"})
-    evaluate_after_s: float = attrs.field(default=300.0, validator=attrs.validators.ge(0.0),
-                                          metadata={"help": "earliest judgement, seconds after it is ready"})
-    max_error_rate_increase: float = attrs.field(default=0.01, validator=attrs.validators.ge(0.0), metadata={
-        "help": "largest tolerated canary 5xx share minus the stable replicas'"})
-    max_ttft_p95_ratio: float = attrs.field(default=1.2, validator=attrs.validators.gt(0.0), metadata={
-        "help": "largest tolerated canary TTFT p95 over the stable replicas'"})
-
+from lamina.kernel.pool_tables import CanaryConfig
 
 @attrs.frozen(kw_only=True)
 class Verdict:
