@@ -34,10 +34,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from tqdm import tqdm
 
-from lamina.bench.load import Endpoint, Load, run
-from lamina.bench.metrics import describe
-from lamina.bench.servers import serve_stacks
-from lamina.bench.workloads import BenchRequest, sharegpt_answers
+from lamina.tools.bench.load import Endpoint, Load, run
+from lamina.tools.bench.metrics import describe
+from lamina.tools.bench.servers import serve_stacks
+from lamina.tools.bench.workloads import BenchRequest, sharegpt_answers
 
 # Our JAX executor on this CPU (NOTES-executor.md), seconds.
 PREFILL_S_PER_TOKEN, DECODE_S_PER_TOKEN, BATCH_SLOWDOWN = 1.0e-3, 19e-3, 0.13
@@ -205,7 +205,7 @@ def _s(value: float | None) -> str:
 
 
 def _html(timelines: dict[str, list[tuple[float, float, float]]], phases: tuple[tuple[float, float], ...]) -> str:
-    from lamina.htmlreport import line_svg, page
+    from lamina.tools.htmlreport import line_svg, page
 
     series = {name: [(t, serving + starting) for t, serving, starting in samples]
               for name, samples in timelines.items()}

@@ -57,7 +57,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from lamina.bench.load import Load
+from lamina.tools.bench.load import Load
 from lamina_hookspecs.stats import percentile
 from lamina.kernel.logging import configure_logging
 from lamina_autoscale.adaptive_batching import Adaptive, AdaptiveOptions

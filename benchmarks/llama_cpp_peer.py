@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lamina.bench.servers import ServerProcess, free_port
+from lamina.tools.bench.servers import ServerProcess, free_port
 from lamina_jax.native import cpu_key, cpu_model, cpuinfo, lscpu
 
 BINARIES = ("llama-server", "llama-bench", "llama-batched-bench")

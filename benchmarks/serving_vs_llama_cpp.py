@@ -72,10 +72,10 @@ from openai import AsyncOpenAI
 from tqdm import tqdm
 
 from lamina_hookspecs.stats import percentile
-from lamina.bench.report import cdf_svg
-from lamina.bench.servers import StackServer
-from lamina.bench.workloads import BenchRequest, sharegpt
-from lamina.htmlreport import page, table
+from lamina.tools.bench.report import cdf_svg
+from lamina.tools.bench.servers import StackServer
+from lamina.tools.bench.workloads import BenchRequest, sharegpt
+from lamina.tools.htmlreport import page, table
 from lamina_jax.weights.gguf import smollm2_path
 from llama_cpp_peer import (
     LlamaServer, add_peer_argument, describe_machine, load_at_start, machine, peer_info, resolve_peer,

@@ -38,7 +38,7 @@ from typing import Any
 from tqdm import tqdm
 
 from lamina_hookspecs.stats import percentile
-from lamina.bench.workloads import sharegpt
+from lamina.tools.bench.workloads import sharegpt
 from lamina.server.openai_api import parse_chat
 from lamina_jax.executor import JaxExecutor
 from lamina_jax.native import cpu_model

@@ -3,7 +3,7 @@
 One ``llama-server`` (from ``scripts/peers/build_llama_cpp.sh``) serves the default model's GGUF
 with as many slots as the highest concurrency. ``lamina serve`` runs a stack whose only executor is
 ``openai-upstream`` in front of it (default router, ``openai-sse`` codec). The same ShareGPT chat
-requests go to both through ``lamina.bench``, in alternating rounds (direct, Lamina, Lamina, direct,
+requests go to both through ``lamina.tools.bench``, in alternating rounds (direct, Lamina, Lamina, direct,
 ...), closed loops at each ``--concurrency``. Both arms share the one llama-server, so the
 difference is what Lamina adds: its admission, routing, lifecycle hooks, codec and one more HTTP
 hop with SSE parsing.
@@ -28,9 +28,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from lamina.bench.load import Load
-from lamina.bench.runner import BenchConfig, Target, run_bench
-from lamina.bench.servers import StackServer
+from lamina.tools.bench.load import Load
+from lamina.tools.bench.runner import BenchConfig, Target, run_bench
+from lamina.tools.bench.servers import StackServer
 from lamina_jax.weights.gguf import smollm2_path
 from llama_cpp_peer import LlamaServer, add_peer_argument, describe_machine, load_at_start, machine, peer_info, resolve_peer
 

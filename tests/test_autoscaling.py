@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import httpx
-from lamina.bench.servers import free_port
+from lamina.tools.bench.servers import free_port
 from lamina.pool.replicas import LocalHandle, LocalProcesses
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.registration import Register

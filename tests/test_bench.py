@@ -8,12 +8,12 @@ import importlib.util
 import json
 
 import pytest
-from lamina.bench import cli as bench_cli
-from lamina.bench.load import Load
-from lamina.bench.metrics import parse_slo
-from lamina.bench.report import write_reports
-from lamina.bench.runner import BenchConfig, Target, run_bench
-from lamina.bench.workloads import fixed, jsonl, shared_prefix, sharegpt
+from lamina.cli import bench as bench_cli
+from lamina.tools.bench.load import Load
+from lamina.tools.bench.metrics import parse_slo
+from lamina.tools.bench.report import write_reports
+from lamina.tools.bench.runner import BenchConfig, Target, run_bench
+from lamina.tools.bench.workloads import fixed, jsonl, shared_prefix, sharegpt
 
 DELAY = 0.02
 

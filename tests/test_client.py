@@ -1,4 +1,4 @@
-"""``lamina.client`` against a live echo server: every codec yields the same chunks."""
+"""``lamina.tools.client`` against a live echo server: every codec yields the same chunks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from lamina.client import AsyncLaminaClient, LaminaClient
+from lamina.tools.client import AsyncLaminaClient, LaminaClient
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import ConfigError, InternalError, NotAcceptableError, NotFoundError
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk

@@ -20,7 +20,7 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lamina.bench.servers import free_port
+from lamina.tools.bench.servers import free_port
 from lamina_jax.testing import write_tiny_gguf
 from starlette.testclient import TestClient
 

@@ -20,7 +20,7 @@ import pytest
 import tokenizers
 from lamina_hookspecs.types import ChatMessage, Request, SamplingParams
 
-from lamina.bench.servers import free_port
+from lamina.tools.bench.servers import free_port
 from lamina.kernel.plugins import load_plugins
 from lamina.kernel.stack import Stack
 from lamina.kernel.stack_config import StackConfig

@@ -8,9 +8,9 @@ import re
 
 import httpx
 import pytest
-from lamina.bench.servers import free_port
+from lamina.tools.bench.servers import free_port
 from lamina.cli import main
-from lamina.status import Snapshot, histogram_quantile, parse_metrics, rate, render, summarize
+from lamina.tools.status import Snapshot, histogram_quantile, parse_metrics, rate, render, summarize
 from rich.console import Console
 
 CHAT = {"model": "echo", "messages": [{"role": "user", "content": "a b c"}]}

@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import numpy as np
 import pytest
-from lamina import autoscale_replay as ar
+from lamina.tools import autoscale_replay as ar
 from lamina.cli import main
 from lamina.kernel.plugins import load_plugins
 from lamina_hookspecs.errors import ConfigError

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from lamina_hookspecs.stats import percentile
 
-from lamina.autoscale_replay import _Waits
+from lamina.tools.autoscale_replay import _Waits
 
 
 def test_percentile_is_linear_interpolation_between_order_statistics() -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from lamina.bench.servers import StackServer
+from lamina.tools.bench.servers import StackServer
 
 ECHO_STACK = """
 [stack]

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from lamina.bench.servers import ServerProcess, StackServer, free_port
+from lamina.tools.bench.servers import ServerProcess, StackServer, free_port
 
 pytestmark = pytest.mark.slow
 

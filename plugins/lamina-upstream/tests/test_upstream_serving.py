@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from lamina.bench.servers import StackServer
+from lamina.tools.bench.servers import StackServer
 from lamina.kernel.options import build_options
 from lamina.kernel.plugins import load_plugins
 from lamina.testing.contracts import ExecutorContract

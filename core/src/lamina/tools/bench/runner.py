@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from lamina.bench.load import Endpoint, Load, Record, RunResult, discover_model, run
-from lamina.bench.metrics import Sample, compare, summarize
-from lamina.bench.workloads import BenchRequest, make_workload
+from lamina.tools.bench.load import Endpoint, Load, Record, RunResult, discover_model, run
+from lamina.tools.bench.metrics import Sample, compare, summarize
+from lamina.tools.bench.workloads import BenchRequest, make_workload
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ from lamina_hookspecs.protocols import Autoscaler
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.stats import percentile
 from lamina_hookspecs.types import BackendState, PoolSnapshot, ScaleDecision
-from lamina.htmlreport import line_svg, page, table
+from lamina.tools.htmlreport import line_svg, page, table
 from lamina.kernel.options import build_options
 from lamina.kernel.registry import ComponentRegistry
 from lamina.kernel.stack import instantiate

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lamina_hookspecs.stats import percentile
-from lamina.bench.load import Record
+from lamina.tools.bench.load import Record
 
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 SLO_METRICS = ("ttft", "tpot", "itl", "e2e")

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import orjson
 
-from lamina.bench.workloads import BenchRequest
+from lamina.tools.bench.workloads import BenchRequest
 
 
 @dataclass(frozen=True)

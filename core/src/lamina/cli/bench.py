@@ -17,12 +17,12 @@ from typing import Any
 
 import httpx
 
-from lamina.bench.load import Load
-from lamina.bench.metrics import parse_slo
-from lamina.bench.report import format_text, write_reports
-from lamina.bench.runner import BenchConfig, Target, run_bench
-from lamina.bench.servers import serve_stacks
-from lamina.bench.workloads import WORKLOADS
+from lamina.tools.bench.load import Load
+from lamina.tools.bench.metrics import parse_slo
+from lamina.tools.bench.report import format_text, write_reports
+from lamina.tools.bench.runner import BenchConfig, Target, run_bench
+from lamina.tools.bench.servers import serve_stacks
+from lamina.tools.bench.workloads import WORKLOADS
 
 
 def _floats(text: str) -> list[float]:
@@ -154,16 +154,3 @@ def cmd_bench(args: argparse.Namespace) -> int:
         json_path, html_path = write_reports(result, prefix)
         print(f"wrote {json_path} and {html_path}", file=sys.stderr)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m lamina.bench.cli ...`` (the same as ``lamina bench ...``)."""
-    parser = argparse.ArgumentParser(prog="lamina")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_parser(sub)
-    args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

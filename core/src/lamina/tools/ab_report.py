@@ -7,7 +7,7 @@ SOURCE is a running server's URL (its ``/metrics`` is read) or a saved snapshot 
 :func:`render_text` and :func:`render_html` draw it.
 
 Latencies are Prometheus histograms, so only bucket counts are known. A percentile is
-interpolated linearly within the bucket it falls in (:func:`lamina.status.histogram_quantile`),
+interpolated linearly within the bucket it falls in (:func:`lamina.tools.status.histogram_quantile`),
 so its resolution is limited by the bucket bounds (:data:`lamina.server.metrics.LATENCY_BUCKETS`):
 arms whose percentiles fall in the same bucket differ only by the interpolation, and one past
 the last finite bound reads as that bound. The bootstrap redraws an arm's ``n`` observations
@@ -42,8 +42,8 @@ from rich.console import Console, Group, RenderableType
 from rich.padding import Padding
 from rich.text import Text
 
-from lamina import htmlreport
-from lamina.status import (DASH, TIMEOUT_S, Labels, Samples, StatusError, fetch_metrics, fmt_pct, fmt_secs,
+from lamina.tools import htmlreport
+from lamina.tools.status import (DASH, TIMEOUT_S, Labels, Samples, StatusError, fetch_metrics, fmt_pct, fmt_secs,
                            histogram_quantile, parse_metrics, rich_table)
 
 LATENCIES = (("ttft", "TTFT", "lamina_time_to_first_token_seconds"),

@@ -1,1 +1,0 @@
-"""``lamina bench``: load-test OpenAI-compatible endpoints and compare stacks."""
