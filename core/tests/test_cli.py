@@ -60,3 +60,29 @@ def test_route_explain_prints_the_path(tmp_path: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "intent = ('transactional',)" in out and "intent has transactional: yes" in out
     assert "leaf: txn -> pool 'big', router 'round-robin'" in out
+
+
+def test_a_tool_without_the_tools_extra_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    monkeypatch.delitem(sys.modules, "lamina.tools.status", raising=False)
+    monkeypatch.setitem(sys.modules, "rich", None)  # as if not installed: importing it raises ModuleNotFoundError
+    assert main(["status", "http://127.0.0.1:9", "--once"]) == 2
+    assert "needs rich, which comes with the tools extra: pip install 'lamina-core[tools]'" in capsys.readouterr().err
+
+
+def test_the_command_line_and_the_servers_run_without_the_tools_extra() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "for name in ('httpx', 'numpy', 'rich', 'tqdm'):\n"
+            "    sys.modules[name] = None  # as if not installed\n"
+            "from lamina.cli import main\n"
+            "import lamina.pool, lamina.server.serve\n"
+            f"assert main(['check', {str(EXAMPLES / 'echo.toml')!r}]) == 0\n"
+            "assert main(['autoscale', 'replay', 'synthetic:step', '--policy', 'target']) == 2\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "lamina autoscale replay needs numpy, which comes with the tools extra" in done.stderr

@@ -11,6 +11,7 @@ import argparse
 from collections.abc import Sequence
 
 from lamina.cli import autoscale, bench, observe, serve, stack
+from lamina.cli.extras import missing_tool
 from lamina.kernel.logging import configure_logging
 
 
@@ -28,4 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(level=args.log_level, json=args.log_json)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except ModuleNotFoundError as exc:  # a tool's command without the tools extra
+        return missing_tool(args.command, exc)

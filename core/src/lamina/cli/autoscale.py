@@ -11,6 +11,7 @@ from typing import Any
 import attrs
 
 from lamina_hookspecs.errors import ConfigError
+from lamina.cli.extras import missing_tool
 from lamina.kernel.plugins import load_plugins
 
 
@@ -38,8 +39,6 @@ def _cmd_autoscale_replay(args: argparse.Namespace) -> int:
 def add_parsers(sub: Any) -> None:
     import typing
 
-    from lamina.tools.autoscale_replay import PoolModel
-
     autoscale = sub.add_parser("autoscale", help="try autoscalers offline").add_subparsers(
         dest="autoscale", required=True)
     replay = autoscale.add_parser(
@@ -47,6 +46,13 @@ def add_parsers(sub: Any) -> None:
         description="Replays an arrival trace through a simulated replica pool scaled by an autoscaler built "
                     "from the installed plugins, as a stack's [autoscaler] table builds it; reports "
                     "replica-seconds, cold starts and TTFT SLO violations.")
+    try:  # the pool model's fields are the command's flags
+        from lamina.tools.autoscale_replay import PoolModel
+    except ModuleNotFoundError as exc:  # without the tools extra: the command says what to install
+        missing = exc
+        replay.add_argument("arguments", nargs=argparse.REMAINDER)
+        replay.set_defaults(func=lambda args: missing_tool("autoscale replay", missing))
+        return
     replay.add_argument("trace", help="synthetic:diurnal, synthetic:bursty or synthetic:step, each with "
                                       "options after a colon (synthetic:step:high_rate=80,duration_s=1800); "
                                       "or a lamina bench JSON result, or a JSON list of arrival times (s)")

@@ -13,16 +13,12 @@ import math
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from lamina.tools.bench.load import Load
-from lamina.tools.bench.metrics import parse_slo
-from lamina.tools.bench.report import format_text, write_reports
-from lamina.tools.bench.runner import BenchConfig, Target, run_bench
-from lamina.tools.bench.servers import serve_stacks
 from lamina.tools.bench.workloads import WORKLOADS
+
+if TYPE_CHECKING:
+    from lamina.tools.bench.runner import BenchConfig
 
 
 def _floats(text: str) -> list[float]:
@@ -31,6 +27,12 @@ def _floats(text: str) -> list[float]:
 
 def _ints(text: str) -> list[int]:
     return [int(p) for p in text.split(",") if p.strip()]
+
+
+def _slo(text: str) -> dict[str, float]:
+    from lamina.tools.bench.metrics import parse_slo
+
+    return parse_slo(text)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -83,7 +85,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--quick", action="store_true", help="a small run: 20 requests, 1 warm-up, 2 rounds, 200 resamples")
 
     g = p.add_argument_group("metrics and output")
-    g.add_argument("--slo", type=parse_slo, default={}, help="goodput SLOs, e.g. ttft=500ms,tpot=50ms (keys ttft, tpot, itl, e2e)")
+    g.add_argument("--slo", type=_slo, default={}, help="goodput SLOs, e.g. ttft=500ms,tpot=50ms (keys ttft, tpot, itl, e2e)")
     g.add_argument("--bootstrap", choices=("requests", "rounds"), default="requests",
                    help="resample requests or (paired) rounds for the CIs (default requests)")
     g.add_argument("--resamples", type=int, default=1000, help="bootstrap resamples (default 1000)")
@@ -98,6 +100,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace, urls: list[str]) -> BenchConfig:
     """The :class:`BenchConfig` of parsed ``args``, with the stacks already started at ``urls``."""
+    from lamina.tools.bench.load import Load
+    from lamina.tools.bench.runner import BenchConfig, Target
+
     stacks = [None] * len(args.url) + list(args.stack)
     labels = list(args.label) + [chr(ord("A") + i) if i < 26 else f"T{i}" for i in range(len(args.label), len(urls))]
     targets = [Target(label, url, stack) for label, url, stack in zip(labels, urls, stacks)]
@@ -133,6 +138,12 @@ def config_from_args(args: argparse.Namespace, urls: list[str]) -> BenchConfig:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    import httpx
+
+    from lamina.tools.bench.report import format_text, write_reports
+    from lamina.tools.bench.runner import run_bench
+    from lamina.tools.bench.servers import serve_stacks
+
     if not args.url and not args.stack:
         print("error: give at least one --url or --stack", file=sys.stderr)
         return 2
