@@ -137,7 +137,34 @@ class Tokenizes(Protocol):
 
 @runtime_checkable
 class PrefixCache(Protocol):
-    """Layer 4: maps prompt prefixes to stored KV blocks, isolated per ``salt`` (tenant)."""
+    """Layer 4: maps prompt prefixes to stored KV blocks, isolated per ``salt`` (tenant).
+
+    The cache records block ids; the executor owns the memory behind them and its allocator. The
+    rules between the two (the cache never frees memory itself):
+
+    - **Ids the cache stores are the cache's.** ``insert`` stores ``block_ids[i]`` for whole block
+      ``i`` of ``token_ids`` only where it has no block yet for those tokens under that salt. From
+      then on the executor must not free or reuse that id, until ``evict`` hands it back; the
+      executor then returns it to its allocator.
+    - **Ids the cache did not store stay the executor's.** A block the cache already had keeps
+      its id, so the executor's duplicate is not taken and the executor frees it; so are the ids
+      past the last whole block (a partially filled tail). After ``insert(tokens, blocks)`` the
+      executor frees ``[b for b in blocks if not cache.owns(b)]``, which is also right for blocks
+      that came from an earlier ``match`` (those are the cache's already).
+    - **Inserting does not pin.** A stored block can go at the next ``evict``, so insert only
+      blocks nothing reads any more (a sequence that finished or was preempted), or ``match`` the
+      prefix to pin it before reading it again.
+    - **Only computed K/V is inserted.** ``token_ids`` are tokens whose K/V is already written (a
+      decoding sequence's last sampled token has none yet).
+    - **A match pins.** Every block of a matched prefix is pinned and never evicted until the
+      match is released, exactly once (``release`` of a match not outstanding raises
+      ``ValueError``). The executor reads a match's blocks but never frees them.
+
+    ``evict`` frees only unpinned blocks. A cache with a size bound of its own may drop blocks
+    while inserting; it hands their ids back from the next ``evict``, first. A cache is called
+    from one engine thread at a time;
+    ``stats`` may be read from any thread.
+    """
 
     block_size: int
 

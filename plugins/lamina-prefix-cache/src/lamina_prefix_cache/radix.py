@@ -10,33 +10,10 @@ the tenant. A lookup under one salt never reads, pins or reorders another salt's
 and its cost depends only on its own salt's subtree. (Eviction is global: all tenants
 share the executor's KV memory.)
 
-Ownership contract (the executor must follow it; the cache never frees memory itself):
-
-* **Block ids the cache stores are the cache's.** ``insert``/``adopt`` store ``block_ids[i]``
-  for block ``i`` of ``token_ids`` only where no node exists yet for that block under that
-  salt. From then on the cache owns that block id: the caller must not free or reuse it.
-  It becomes the caller's again only when :meth:`RadixCache.evict` (or :meth:`adopt`'s
-  ``evicted``, or :meth:`drain_evicted`) hands it back, and the caller then returns it
-  to its allocator.
-* **Block ids the cache did not store stay the caller's.** Where a node already exists
-  for a block, the existing node keeps its block id; the caller's duplicate block is not
-  taken and the caller frees it. Block ids past the last whole block of ``token_ids``
-  (a partially filled tail) are ignored and stay the caller's as well.
-* :meth:`RadixCache.adopt` returns exactly which ids were taken; :meth:`RadixCache.owns`
-  answers for any one id. After ``insert(tokens, blocks)`` the caller frees
-  ``[b for b in blocks if not cache.owns(b)]``; that is also right for blocks that came
-  from an earlier ``match`` (those are the cache's already, and ``owns`` says so).
-* **Inserting does not pin.** A stored block can be evicted by the next ``evict`` call, so
-  insert only blocks the caller no longer reads (typically when a sequence finishes or is
-  preempted), or ``match`` the prefix to pin it before reading it again.
-* **Only computed K/V may be inserted.** ``token_ids`` must be tokens whose K/V is already
-  written: for the ``lamina-jax`` scheduler, ``seq.tokens[:seq.num_computed]`` (a decoding
-  sequence's last sampled token has no K/V yet).
-* **A match pins.** ``match`` pins every block on the matched path (one reference per
-  node); pinned blocks are never evicted. Each match must be released exactly once with
-  ``release(match)``; releasing a match that is not outstanding raises ``ValueError``.
-  The cache's blocks of a matched prefix remain the cache's: the caller reads them but
-  never frees them.
+Block ownership between the cache and the executor follows ``lamina_hookspecs.protocols.PrefixCache``.
+Beyond the protocol, :meth:`RadixCache.adopt` inserts and returns exactly which ids it took (and
+which it evicted to make room), and :meth:`RadixCache.drain_evicted` hands back ids evicted
+that way.
 
 Eviction frees unpinned *leaves*, least recently used first; evicting a leaf can make its
 parent a leaf, which is then a candidate in the same call. Recency is a monotonic counter
