@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from lamina.kernel.stack_config import StackConfig
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.registration import Register
+from lamina_hookspecs.types import WorkerLaunch
 
 
 class Counting(LocalProcesses):
@@ -23,12 +25,14 @@ class Counting(LocalProcesses):
     launched: list[str] = []
     relaunch_s = 0.0
 
-    def launch(self, name: str, worker_stack: Any) -> Any:
-        if name in Counting.launched:
+    def launch(self, worker: WorkerLaunch) -> Any:
+        if worker.name in Counting.launched:
             time.sleep(Counting.relaunch_s)
-        Counting.launched.append(name)
-        assert set(worker_stack) <= {"stack", "executor", "prefix_cache", "batching"}
-        return super().launch(name, worker_stack)
+        Counting.launched.append(worker.name)
+        assert set(json.loads(worker.files[f"{worker.name}.json"])) <= {"stack", "executor", "prefix_cache", "batching"}
+        assert worker.argv(python="py", files_dir="/d", host="h", port=7)[1:] == \
+            ["-m", "lamina.cli", "worker", f"/d/{worker.name}.json", "--host", "h", "--port", "7"]
+        return super().launch(worker)
 
 
 class Plugin:

@@ -28,6 +28,7 @@ from lamina_hookspecs.types import (
     ToolCall,
     ToolCallDelta,
     WarmPrefix,
+    WorkerLaunch,
 )
 
 StreamItem = StreamMeta | TokenChunk | StreamError
@@ -347,10 +348,10 @@ class ReplicaProvider(Protocol):
     (a Ray cluster) chosen with ``[replicas] provider``. Core's replica pool decides when to
     launch and stop; the provider only does it."""
 
-    def launch(self, name: str, worker_stack: Mapping[str, Any]) -> ReplicaHandle:
-        """Start one ``lamina worker`` serving ``worker_stack`` (the stack file's executor
-        tables) and return once it has an address; it may still be loading its model.
-        Blocking: core calls it off the event loop."""
+    def launch(self, worker: WorkerLaunch) -> ReplicaHandle:
+        """Start ``worker`` (core's command line and files: where and how is the provider's) and
+        return once it has an address; it may still be loading its model. Blocking: core calls
+        it off the event loop."""
         ...
 
     def close(self) -> None:

@@ -582,3 +582,27 @@ class StackInfo:
 
     name: str
     components: dict[str, str] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class WorkerLaunch:
+    """One replica for a :class:`~lamina_hookspecs.protocols.ReplicaProvider` to start: core's
+    ``lamina worker`` command line and the files it reads. The provider places it: it picks the
+    host and port, writes ``files`` into a directory of its own, and runs :meth:`argv`."""
+
+    name: str
+    """The replica's name in the pool (``replica-0``, ``canary-0``)."""
+    files: dict[str, bytes]
+    """File name → content (the worker's stack), for the directory ``{files}`` in ``args`` names."""
+    args: tuple[str, ...]
+    """The arguments after the Python interpreter, with ``{files}``, ``{host}`` and ``{port}`` to fill in."""
+
+    def argv(self, *, python: str, files_dir: str, host: str, port: int) -> list[str]:
+        """The command line to run, for the interpreter ``python`` on the worker's machine."""
+        return [python, *(arg.format(files=files_dir, host=host, port=port) for arg in self.args)]
+
+    def write_files(self, files_dir: str) -> None:
+        """Write :attr:`files` into ``files_dir`` (which exists)."""
+        for name, content in self.files.items():
+            with open(f"{files_dir}/{name}", "wb") as out:
+                out.write(content)

@@ -31,12 +31,12 @@ import tempfile
 import time
 from collections import Counter, deque
 from collections.abc import Mapping, MutableMapping
-from pathlib import Path
 from typing import Any, Literal
 
 import structlog
 
 from lamina_hookspecs.protocols import Executor, ReplicaHandle, ReplicaProvider
+from lamina_hookspecs.types import WorkerLaunch
 from lamina.pool.remote import RemoteExecutor
 from lamina.kernel.pool_tables import WORKER_SECTIONS, ReplicasConfig
 
@@ -54,6 +54,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def worker_launch(name: str, worker_stack: Mapping[str, Any]) -> WorkerLaunch:
+    """``lamina worker`` serving ``worker_stack`` (the stack file's executor tables, as JSON)."""
+    return WorkerLaunch(name=name, files={f"{name}.json": json.dumps(worker_stack).encode()},
+                        args=("-m", "lamina.cli", "worker", f"{{files}}/{name}.json", "--host", "{host}",
+                              "--port", "{port}"))
 
 
 class LocalHandle:
@@ -84,13 +91,12 @@ class LocalProcesses:
         self.host, self.base_port, self._launched = host, base_port, 0
         self._dir = tempfile.TemporaryDirectory(prefix="lamina-workers-")
 
-    def launch(self, name: str, worker_stack: Mapping[str, Any]) -> LocalHandle:
-        stack_file = Path(self._dir.name) / f"{name}.json"
-        stack_file.write_text(json.dumps(worker_stack), encoding="utf-8")
+    def launch(self, worker: WorkerLaunch) -> LocalHandle:
+        worker.write_files(self._dir.name)
         port = self.base_port + self._launched if self.base_port else free_port()
         self._launched += 1
-        process = subprocess.Popen([sys.executable, "-m", "lamina.cli", "worker", str(stack_file),
-                                    "--host", self.host, "--port", str(port)])
+        process = subprocess.Popen(worker.argv(python=sys.executable, files_dir=self._dir.name, host=self.host,
+                                               port=port))
         return LocalHandle(process, f"{self.host}:{port}")
 
     def close(self) -> None:
@@ -255,7 +261,7 @@ class ReplicaSet:
 
     async def _launch(self, worker: Worker) -> None:
         worker.started_at = time.monotonic()
-        worker.handle = await asyncio.to_thread(self.provider.launch, worker.name, worker.stack or self.stack)
+        worker.handle = await asyncio.to_thread(self.provider.launch, worker_launch(worker.name, worker.stack or self.stack))
         previous, worker.executor = worker.executor, RemoteExecutor(
             worker.name, worker.handle.address, connect_timeout_s=self.config.start_timeout_s)
         await self._until_ready(worker)

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import ctypes
-import json
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
 
 import ray
+from lamina_hookspecs.types import WorkerLaunch
 
 PR_SET_PDEATHSIG = 1
 STOP_TIMEOUT_S = 10.0
@@ -36,18 +34,17 @@ def _free_port(host: str) -> int:
 
 @ray.remote
 class WorkerActor:
-    """Runs ``python -m lamina.cli worker`` on its node's IP and a free port; its resources
+    """Runs core's ``lamina worker`` command line on its node's IP and a free port; its resources
     (CPUs, GPUs) are the actor's, so Ray's placement is the worker's."""
 
-    def __init__(self, name: str, worker_stack: Mapping[str, Any]) -> None:
+    def __init__(self, worker: WorkerLaunch) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="lamina-worker-")
-        stack_file = Path(self._dir.name) / f"{name}.json"
-        stack_file.write_text(json.dumps(worker_stack), encoding="utf-8")
+        worker.write_files(self._dir.name)
         host = ray.util.get_node_ip_address()
         port = _free_port(host)
         self._address = f"{host}:{port}"
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "lamina.cli", "worker", str(stack_file), "--host", host, "--port", str(port)],
+            worker.argv(python=sys.executable, files_dir=self._dir.name, host=host, port=port),
             preexec_fn=_die_with_actor())
 
     def address(self) -> str:

@@ -6,12 +6,12 @@ import concurrent.futures
 import contextlib
 import sys
 import threading
-from collections.abc import Mapping
 from typing import Any
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError
 
+from lamina_hookspecs.types import WorkerLaunch
 from lamina_ray.actor import STOP_TIMEOUT_S, WorkerActor
 from lamina_ray.options import RayOptions
 
@@ -60,17 +60,17 @@ class RayProvider:
         local = {"py_executable": sys.executable} if options.address is None else {}
         self._runtime_env = {**local, **options.runtime_env}
 
-    def launch(self, name: str, worker_stack: Mapping[str, Any]) -> RayHandle:
+    def launch(self, worker: WorkerLaunch) -> RayHandle:
         with self._lock:
             if not ray.is_initialized():
                 self._session = _Session(self.options.address)
             self._launched += 1
             launched = self._launched
         actor = WorkerActor.options(
-            name=f"lamina:{self.stack_name}:{name}:{launched}", max_restarts=0,  # the pool decides restarts
+            name=f"lamina:{self.stack_name}:{worker.name}:{launched}", max_restarts=0,  # the pool decides restarts
             num_cpus=self.options.num_cpus, num_gpus=self.options.num_gpus, resources=self.options.resources,
             runtime_env=self._runtime_env,
-        ).remote(name, dict(worker_stack))
+        ).remote(worker)
         try:
             address = ray.get(actor.address.remote(), timeout=self.options.start_timeout_s)
         except BaseException:
