@@ -38,6 +38,7 @@ import structlog
 from lamina_hookspecs.protocols import Executor, ReplicaHandle, ReplicaProvider
 from lamina_hookspecs.types import WorkerLaunch
 from lamina.pool.remote import RemoteExecutor
+from lamina.kernel.drain import until_idle
 from lamina.kernel.pool_tables import WORKER_SECTIONS, ReplicasConfig
 
 log = structlog.get_logger(__name__)
@@ -295,9 +296,7 @@ class ReplicaSet:
             worker.executor.draining = True
         self.actions["restart" if restart else "drain", reason] += 1
         log.info("replica_draining", replica=worker.name, reason=reason, restart=restart)
-        deadline = time.monotonic() + self.drain_timeout_s
-        while worker.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await until_idle(lambda: worker.in_flight, self.drain_timeout_s)
         self.backends.pop(worker.name, None)
         if worker.handle is not None:
             await asyncio.to_thread(worker.handle.stop)

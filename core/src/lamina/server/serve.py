@@ -30,6 +30,7 @@ from starlette.applications import Starlette
 from lamina.server.grpc_service import InferenceService, start_grpc
 from lamina.server.http import Server
 from lamina.server.priority import lower_other_threads
+from lamina.kernel.drain import until_idle
 from lamina.kernel.stack import Stack
 
 log = structlog.get_logger(__name__)
@@ -62,12 +63,11 @@ class _DrainingServer(uvicorn.Server):
         return self.http.in_flight + (self.grpc.in_flight if self.grpc else 0)
 
     async def _drain(self) -> None:
-        deadline = time.monotonic() + self.drain_timeout_s
+        began = time.monotonic()
         log.info("draining", in_flight=self._in_flight(), timeout_s=self.drain_timeout_s)
         if self.grpc is not None:
             await self.grpc.drain()
-        while self._in_flight() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await until_idle(self._in_flight, self.drain_timeout_s - (time.monotonic() - began))
         aborted = self.http.abort_in_flight() + (self.grpc.abort_in_flight() if self.grpc else [])
         await _answered(self._in_flight, aborted)
         self.should_exit = True
@@ -76,10 +76,8 @@ class _DrainingServer(uvicorn.Server):
 async def _answered(in_flight: Callable[[], int], aborted: list[str]) -> None:
     """Give the requests aborted at the end of a drain ``ABORT_GRACE_S`` to send their answers, then
     say in one line how the drain ended (a warning when it cut work short)."""
-    answered = time.monotonic() + ABORT_GRACE_S
-    while in_flight() and time.monotonic() < answered:
-        await asyncio.sleep(0.01)
-    (log.warning if aborted else log.info)("drained", aborted=len(aborted), left=in_flight())
+    left = await until_idle(in_flight, ABORT_GRACE_S, poll_s=0.01)
+    (log.warning if aborted else log.info)("drained", aborted=len(aborted), left=left)
     if aborted:
         log.debug("drain_aborted", request_ids=aborted)
 
@@ -194,9 +192,7 @@ def serve_worker(stack: Stack, host: str, port: int) -> int:
         _say(f"worker ready in {time.monotonic() - began:.1f}s on {host}:{bound}")
         await stopping.wait()
         await service.drain()
-        deadline = time.monotonic() + stack.config.server.drain_timeout_s
-        while service.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await until_idle(lambda: service.in_flight, stack.config.server.drain_timeout_s)
         await _answered(lambda: service.in_flight, service.abort_in_flight())
         await server.stop(grace=1.0)
         await stack.stop()
