@@ -16,7 +16,7 @@ import pytest
 from lamina.tools.ab_report import LATENCIES, Comparison, Report, build_report
 from lamina.cli import main
 from lamina.server.metrics import LATENCY_BUCKETS
-from lamina.tools.status import parse_metrics
+from lamina.tools.scrape import parse_metrics
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 CONTROL, TREATMENT = "router=control", "router=treatment"

@@ -10,7 +10,8 @@ import httpx
 import pytest
 from lamina.tools.bench.servers import free_port
 from lamina.cli import main
-from lamina.tools.status import Snapshot, histogram_quantile, parse_metrics, rate, render, summarize
+from lamina.tools.scrape import histogram_quantile, parse_metrics
+from lamina.tools.status import Snapshot, rate, render, summarize
 from rich.console import Console
 
 CHAT = {"model": "echo", "messages": [{"role": "user", "content": "a b c"}]}

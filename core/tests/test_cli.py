@@ -66,7 +66,8 @@ def test_a_tool_without_the_tools_extra_says_how_to_install_it(monkeypatch: pyte
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     import sys
 
-    monkeypatch.delitem(sys.modules, "lamina.tools.status", raising=False)
+    for name in [name for name in sys.modules if name.startswith("lamina.tools")]:
+        monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "rich", None)  # as if not installed: importing it raises ModuleNotFoundError
     assert main(["status", "http://127.0.0.1:9", "--once"]) == 2
     assert "needs rich, which comes with the tools extra: pip install 'lamina-core[tools]'" in capsys.readouterr().err

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 import attrs
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from lamina.kernel import metric_names as m
+
 SLICE_S = 10.0
 """Granularity of the rolling windows: events are counted in 10-second slices."""
 
@@ -117,13 +119,13 @@ class SloTracker:
         if not self.objectives:
             return
         now = self.clock()
-        threshold = GaugeMetricFamily("lamina_slo_threshold", "Each SLO's threshold (seconds, or an error share).",
+        threshold = GaugeMetricFamily(m.SLO_THRESHOLD, "Each SLO's threshold (seconds, or an error share).",
                                       labels=["slo"])
-        budget = GaugeMetricFamily("lamina_slo_error_budget", "Share of events each SLO allows to be bad.",
+        budget = GaugeMetricFamily(m.SLO_ERROR_BUDGET, "Share of events each SLO allows to be bad.",
                                    labels=["slo"])
-        events = CounterMetricFamily("lamina_slo_events", "Events counted against each SLO.", labels=["slo"])
-        bad = CounterMetricFamily("lamina_slo_bad_events", "Events that missed their SLO.", labels=["slo"])
-        burn = GaugeMetricFamily("lamina_slo_burn_rate", "Bad share over the window divided by the error budget "
+        events = CounterMetricFamily(m.SLO_EVENTS, "Events counted against each SLO.", labels=["slo"])
+        bad = CounterMetricFamily(m.SLO_BAD_EVENTS, "Events that missed their SLO.", labels=["slo"])
+        burn = GaugeMetricFamily(m.SLO_BURN_RATE, "Bad share over the window divided by the error budget "
                                  "(1 = spending the budget exactly as allowed).", labels=["slo", "window"])
         for o in self.objectives:
             threshold.add_metric([o.name], o.threshold)

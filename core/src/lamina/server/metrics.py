@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import LaminaError
 from lamina_hookspecs.types import BackendState, FinishReason, RequestContext
+from lamina.kernel import metric_names as m
 from lamina.kernel.ab import arm_label
 from lamina.kernel.slo import SloTracker
 from lamina.kernel.stack import ROUTE_TREE_KEY, Stack
@@ -55,30 +56,31 @@ class _BackendGauges(Collector):
         running = sum(max(s.outstanding_requests - s.queue_depth, 0) for s in states)
         used, total = sum(s.kv_blocks_used for s in states), sum(s.kv_blocks_total for s in states)
         usage = used / total if total else 0.0
-        for prefix in ("lamina_", "vllm:"):
-            yield GaugeMetricFamily(f"{prefix}num_requests_waiting", "Requests waiting to be scheduled.",
-                                    value=waiting)
-            yield GaugeMetricFamily(f"{prefix}num_requests_running", "Requests being computed.", value=running)
-            yield GaugeMetricFamily(f"{prefix}kv_cache_usage_perc", "KV-cache usage; 1 means 100%.", value=usage)
+        for names, help_, value in (
+                ((m.NUM_REQUESTS_WAITING, "vllm:num_requests_waiting"), "Requests waiting to be scheduled.", waiting),
+                ((m.NUM_REQUESTS_RUNNING, "vllm:num_requests_running"), "Requests being computed.", running),
+                ((m.KV_CACHE_USAGE, "vllm:kv_cache_usage_perc"), "KV-cache usage; 1 means 100%.", usage)):
+            for name in names:
+                yield GaugeMetricFamily(name, help_, value=value)
         yield GaugeMetricFamily("vllm:gpu_cache_usage_perc", "KV-cache usage (older vLLM name).", value=usage)
-        yield GaugeMetricFamily("lamina_kv_cache_blocks_used", "KV-cache blocks in use.", value=used)
-        yield GaugeMetricFamily("lamina_kv_cache_blocks_total", "KV-cache blocks in all.", value=total)
-        yield CounterMetricFamily("lamina_num_preemptions", "Running requests preempted for KV memory (recomputed "
+        yield GaugeMetricFamily(m.KV_CACHE_BLOCKS_USED, "KV-cache blocks in use.", value=used)
+        yield GaugeMetricFamily(m.KV_CACHE_BLOCKS_TOTAL, "KV-cache blocks in all.", value=total)
+        yield CounterMetricFamily(m.PREEMPTIONS, "Running requests preempted for KV memory (recomputed "
                                   "later), since the backends started.", value=sum(s.preemptions for s in states))
         yield from self._per_backend(named)
 
     def _per_backend(self, named: dict[str, BackendState]) -> Iterator[GaugeMetricFamily]:
         now = time.monotonic()
         series = (
-            ("lamina_backend_up", "1 when the backend is healthy and not draining.",
+            (m.BACKEND_UP, "1 when the backend is healthy and not draining.",
              lambda name, s: float(s.healthy and not s.draining)),
-            ("lamina_backend_circuit_open", "1 while a breaker keeps new work away from the backend.",
+            (m.BACKEND_CIRCUIT_OPEN, "1 while a breaker keeps new work away from the backend.",
              lambda name, s: float(self.stack.admission.retry_after(name, now) is not None)),
-            ("lamina_backend_outstanding_requests", "Requests the backend holds (queued or running).",
+            (m.BACKEND_OUTSTANDING, "Requests the backend holds (queued or running).",
              lambda name, s: s.outstanding_requests),
-            ("lamina_backend_queue_depth", "Requests waiting in the backend's queue.", lambda name, s: s.queue_depth),
-            ("lamina_backend_kv_usage_perc", "Backend KV-cache usage; 1 means 100%.", lambda name, s: s.kv_usage),
-            ("lamina_backend_generation_tokens_per_second", "Backend's recent generation rate.",
+            (m.BACKEND_QUEUE_DEPTH, "Requests waiting in the backend's queue.", lambda name, s: s.queue_depth),
+            (m.BACKEND_KV_USAGE, "Backend KV-cache usage; 1 means 100%.", lambda name, s: s.kv_usage),
+            (m.BACKEND_TOKENS_PER_S, "Backend's recent generation rate.",
              lambda name, s: s.tokens_per_s),
         )
         for metric, help_, value in series:
@@ -144,18 +146,18 @@ class _PoolStats(Collector):
         status = self.stack.pool.status() if self.stack.pool is not None else None
         if status is None:
             return
-        states = GaugeMetricFamily("lamina_replicas", "Worker replicas by state.", labels=["state"])
+        states = GaugeMetricFamily(m.REPLICAS, "Worker replicas by state.", labels=["state"])
         for state, count in (("serving", status.serving), ("starting", status.starting),
                              ("draining", status.draining)):
             states.add_metric([state], count)
         yield states
         if status.target is not None:
-            yield GaugeMetricFamily("lamina_autoscaler_target_replicas", "Replicas the autoscaler last asked for "
+            yield GaugeMetricFamily(m.AUTOSCALER_TARGET, "Replicas the autoscaler last asked for "
                                     "(serving plus warm).", value=status.target)
         if status.cold_start_s is not None:
-            yield GaugeMetricFamily("lamina_replica_cold_start_seconds", "The latest replica's spawn-to-ready time.",
+            yield GaugeMetricFamily(m.REPLICA_COLD_START, "The latest replica's spawn-to-ready time.",
                                     value=status.cold_start_s)
-        actions = CounterMetricFamily("lamina_replica_actions", "Replica actions (spawn, drain, restart) by reason.",
+        actions = CounterMetricFamily(m.REPLICA_ACTIONS, "Replica actions (spawn, drain, restart) by reason.",
                                       labels=["action", "reason"])
         for (action, reason), count in sorted(status.actions.items()):
             actions.add_metric([action, reason], count)
@@ -169,34 +171,34 @@ class Metrics:
         self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = prometheus_client.Counter(
-            "lamina_requests", "Requests by endpoint, HTTP status, tenant and A/B arm.",
+            m.REQUESTS, "Requests by endpoint, HTTP status, tenant and A/B arm.",
             ["endpoint", "status", "tenant", "arm"], registry=r)
         self.success = prometheus_client.Counter(
-            "lamina_request_success", "Finished requests by finish reason.", ["finished_reason"], registry=r)
+            m.REQUEST_SUCCESS, "Finished requests by finish reason.", ["finished_reason"], registry=r)
         self.ttft = prometheus_client.Histogram(
-            "lamina_time_to_first_token_seconds", "Time to first token.", ["arm"], buckets=LATENCY_BUCKETS,
+            m.TTFT, "Time to first token.", ["arm"], buckets=LATENCY_BUCKETS,
             registry=r)
         self.itl = prometheus_client.Histogram(
-            "lamina_inter_token_latency_seconds", "Time between streamed chunks.", ["arm"], buckets=LATENCY_BUCKETS,
+            m.ITL, "Time between streamed chunks.", ["arm"], buckets=LATENCY_BUCKETS,
             registry=r)
         self.e2e = prometheus_client.Histogram(
-            "lamina_e2e_request_latency_seconds", "End-to-end request latency.", ["arm"], buckets=LATENCY_BUCKETS,
+            m.E2E, "End-to-end request latency.", ["arm"], buckets=LATENCY_BUCKETS,
             registry=r)
         self.queue_time = prometheus_client.Histogram(
-            "lamina_request_queue_time_seconds", "Time a finished request waited in its executor before its "
+            m.QUEUE_TIME, "Time a finished request waited in its executor before its "
             "prefill started (0 from executors that do not queue).", ["arm"], buckets=LATENCY_BUCKETS, registry=r)
         self.aborts = prometheus_client.Counter(
-            "lamina_request_aborts", "Requests aborted before they finished, by reason (client_gone; queue_timeout: "
+            m.REQUEST_ABORTS, "Requests aborted before they finished, by reason (client_gone; queue_timeout: "
             "waited longer than max_queue_wait_s to start; shutdown: still running when the drain ran out; "
             "slow_client: its stream fell server.stream_buffer_bytes behind).",
             ["reason"], registry=r)
         self.prompt_tokens = prometheus_client.Counter(
-            "lamina_prompt_tokens", "Prompt tokens processed, by tenant and A/B arm.", ["tenant", "arm"], registry=r)
+            m.PROMPT_TOKENS, "Prompt tokens processed, by tenant and A/B arm.", ["tenant", "arm"], registry=r)
         self.generation_tokens = prometheus_client.Counter(
-            "lamina_generation_tokens", "Tokens generated, by tenant and A/B arm.", ["tenant", "arm"], registry=r)
+            m.GENERATION_TOKENS, "Tokens generated, by tenant and A/B arm.", ["tenant", "arm"], registry=r)
         r.register(_BackendGauges(stack))
         self.route_tree = prometheus_client.Counter(
-            "lamina_route_tree_requests", "Requests by the routing-tree leaf they reached.", ["leaf"], registry=r)
+            m.ROUTE_TREE_REQUESTS, "Requests by the routing-tree leaf they reached.", ["leaf"], registry=r)
         r.register(_PrefixCacheStats(stack))
         r.register(_PoolStats(stack))
         self.slo = SloTracker(stack.config.slo, time.monotonic)

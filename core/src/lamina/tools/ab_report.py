@@ -7,7 +7,7 @@ SOURCE is a running server's URL (its ``/metrics`` is read) or a saved snapshot 
 :func:`render_text` and :func:`render_html` draw it.
 
 Latencies are Prometheus histograms, so only bucket counts are known. A percentile is
-interpolated linearly within the bucket it falls in (:func:`lamina.tools.status.histogram_quantile`),
+interpolated linearly within the bucket it falls in (:func:`lamina.tools.scrape.histogram_quantile`),
 so its resolution is limited by the bucket bounds (:data:`lamina.server.metrics.LATENCY_BUCKETS`):
 arms whose percentiles fall in the same bucket differ only by the interpolation, and one past
 the last finite bound reads as that bound. The bootstrap redraws an arm's ``n`` observations
@@ -43,12 +43,13 @@ from rich.padding import Padding
 from rich.text import Text
 
 from lamina.tools import htmlreport
-from lamina.tools.status import (DASH, TIMEOUT_S, Labels, Samples, StatusError, fetch_metrics, fmt_pct, fmt_secs,
-                           histogram_quantile, parse_metrics, rich_table)
+from lamina.kernel import metric_names as m
+from lamina.tools.scrape import TIMEOUT_S, Labels, Samples, ScrapeError, fetch_metrics, histogram_quantile, parse_metrics
+from lamina.tools.terminal import DASH, fmt_pct, fmt_secs, rich_table
 
-LATENCIES = (("ttft", "TTFT", "lamina_time_to_first_token_seconds"),
-             ("itl", "inter-token", "lamina_inter_token_latency_seconds"),
-             ("e2e", "end-to-end", "lamina_e2e_request_latency_seconds"))
+LATENCIES = (("ttft", "TTFT", m.TTFT),
+             ("itl", "inter-token", m.ITL),
+             ("e2e", "end-to-end", m.E2E))
 """(key, title, histogram) of each latency reported."""
 QUANTILES = (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))
 Buckets = tuple[tuple[float, float], ...]
@@ -140,7 +141,7 @@ def _arm(labels: Labels, layer: str | None) -> str:
 def _requests(samples: Samples, layer: str | None) -> dict[str, dict[str, float]]:
     """Arm → {"requests", "5xx", "4xx"} counts."""
     counts: dict[str, dict[str, float]] = defaultdict(lambda: {"requests": 0.0, "5xx": 0.0, "4xx": 0.0})
-    for labels, value in samples.get("lamina_requests_total", ()):
+    for labels, value in samples.get(m.REQUESTS + "_total", ()):
         arm, status = counts[_arm(labels, layer)], int(labels.get("status", "0"))
         arm["requests"] += value
         if status >= 400:
@@ -387,7 +388,7 @@ def run(source: str, *, layer: str | None, baseline: str | None, html_path: str 
     try:
         report = build_report(load(source), source=source, layer=layer, baseline=baseline, resamples=resamples,
                               confidence=confidence, seed=seed)
-    except (StatusError, ReportError) as exc:
+    except (ScrapeError, ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if html_path:

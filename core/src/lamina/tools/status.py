@@ -8,34 +8,23 @@ live-updating terminal tables, instead of hand-written ANSI escapes.
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 
 import attrs
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
-from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-Labels = dict[str, str]
-Samples = dict[str, list[tuple[Labels, float]]]
-"""Sample name (``lamina_requests_total``, ``..._bucket``) → its (labels, value) pairs."""
-
-DASH = "–"
-TIMEOUT_S = 5.0
-
-
-class StatusError(Exception):
-    """The URL cannot be reached or does not serve Lamina metrics."""
-
+from lamina.kernel import metric_names as m
+from lamina.tools.scrape import TIMEOUT_S, Samples, ScrapeError, fetch, fetch_metrics, histogram_quantile, not_lamina
+from lamina.tools.terminal import fmt_num, fmt_pct, fmt_secs, rich_table
 
 @attrs.frozen
 class Snapshot:
@@ -97,50 +86,16 @@ class Summary:
     arms: list[Arm]  # empty outside A/B splits
 
 
-def parse_metrics(text: str) -> Samples:
-    """Prometheus text → :data:`Samples`; ``ValueError`` if it is not Prometheus text."""
-    samples: Samples = defaultdict(list)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[sample.name].append((sample.labels, sample.value))
-    return dict(samples)
-
-
-def _first_line(exc: Exception) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0]
-
-
-def _get(client: httpx.Client, url: str, path: str) -> httpx.Response:
-    try:
-        return client.get(f"{url}{path}")
-    except httpx.HTTPError as exc:
-        raise StatusError(f"cannot reach {url}: {_first_line(exc)}") from None
-
-
-def _not_lamina(url: str, exc: Exception) -> StatusError:
-    return StatusError(f"{url} does not serve Lamina metrics: {_first_line(exc)}")
-
-
-def fetch_metrics(client: httpx.Client, url: str) -> Samples:
-    """``url``'s ``/metrics``, parsed; :class:`StatusError` if that fails."""
-    response = _get(client, url, "/metrics")
-    try:
-        response.raise_for_status()
-        return parse_metrics(response.text)
-    except (httpx.HTTPStatusError, ValueError) as exc:
-        raise _not_lamina(url, exc) from None
-
-
 def scrape(client: httpx.Client, url: str) -> Snapshot:
-    """Read ``url``'s ``/ready`` and ``/metrics``; :class:`StatusError` if that fails."""
-    ready = _get(client, url, "/ready")
+    """Read ``url``'s ``/ready`` and ``/metrics``; :class:`ScrapeError` if that fails."""
+    ready = fetch(client, url, "/ready")
     samples = fetch_metrics(client, url)
     try:
         state = ready.json()
     except ValueError as exc:
-        raise _not_lamina(url, exc) from None
-    if "lamina_backend_up" not in samples or not isinstance(state, dict):
-        raise StatusError(f"{url} does not serve Lamina metrics (no lamina_backend_up in /metrics)")
+        raise not_lamina(url, exc) from None
+    if m.BACKEND_UP not in samples or not isinstance(state, dict):
+        raise ScrapeError(f"{url} does not serve Lamina metrics (no lamina_backend_up in /metrics)")
     return Snapshot(url, time.monotonic(), bool(state.get("ready")), bool(state.get("draining")), samples)
 
 
@@ -168,24 +123,6 @@ def rate(current: Snapshot, previous: Snapshot | None, name: str) -> float | Non
     return (now - before if now >= before else now) / (current.at - previous.at)
 
 
-def histogram_quantile(q: float, buckets: Iterable[tuple[float, float]]) -> float | None:
-    """The ``q``-quantile (0 to 1) of a histogram's cumulative ``(le, count)`` buckets, by linear
-    interpolation within the bucket it falls in, as Prometheus' ``histogram_quantile``.
-
-    None when there are no observations; the highest finite bound when it falls in ``+Inf``.
-    """
-    ordered = sorted(buckets)
-    if not ordered or ordered[-1][1] <= 0:
-        return None
-    rank = q * ordered[-1][1]
-    index = next(i for i, (_, count) in enumerate(ordered) if count >= rank)
-    lower, below = ordered[index - 1] if index else (0.0, 0.0)
-    upper, count = ordered[index]
-    if math.isinf(upper):
-        return lower
-    return lower + (upper - lower) * (rank - below) / (count - below) if count > below else upper
-
-
 def _quantile(samples: Samples, histogram: str, arm: str, q: float) -> float | None:
     buckets = [(float(labels["le"]), value) for labels, value in samples.get(f"{histogram}_bucket", ())
                if labels.get("arm", "") == arm]
@@ -194,75 +131,49 @@ def _quantile(samples: Samples, histogram: str, arm: str, q: float) -> float | N
 
 def _replicas(samples: Samples) -> list[Replica]:
     up, circuit, outstanding, queue, kv, tokens = (
-        _by(samples, f"lamina_backend_{key}", "backend")
-        for key in ("up", "circuit_open", "outstanding_requests", "queue_depth", "kv_usage_perc",
-                    "generation_tokens_per_second"))
+        _by(samples, name, "backend")
+        for name in (m.BACKEND_UP, m.BACKEND_CIRCUIT_OPEN, m.BACKEND_OUTSTANDING, m.BACKEND_QUEUE_DEPTH,
+                     m.BACKEND_KV_USAGE, m.BACKEND_TOKENS_PER_S))
     return [Replica(name, up[name] > 0, circuit.get(name, 0.0) > 0, outstanding.get(name, 0.0),
                     queue.get(name, 0.0), kv.get(name, 0.0), tokens.get(name, 0.0)) for name in up]
 
 
 def _slos(samples: Samples) -> list[Slo]:
-    threshold = _by(samples, "lamina_slo_threshold", "slo")
-    budget = _by(samples, "lamina_slo_error_budget", "slo")
+    threshold = _by(samples, m.SLO_THRESHOLD, "slo")
+    budget = _by(samples, m.SLO_ERROR_BUDGET, "slo")
     burn: dict[str, dict[str, float]] = defaultdict(dict)
-    for labels, value in samples.get("lamina_slo_burn_rate", ()):
+    for labels, value in samples.get(m.SLO_BURN_RATE, ()):
         burn[labels["slo"]][labels["window"]] = value
     return [Slo(name, threshold[name], budget.get(name, 0.0), burn[name]) for name in threshold]
 
 
 def _arms(samples: Samples) -> list[Arm]:
-    requests = _by(samples, "lamina_requests_total", "arm")
+    requests = _by(samples, m.REQUESTS + "_total", "arm")
     if all(arm == "" for arm in requests):
         return []
     errors: dict[str, float] = defaultdict(float)
-    for labels, value in samples.get("lamina_requests_total", ()):
+    for labels, value in samples.get(m.REQUESTS + "_total", ()):
         if int(labels.get("status", "0")) >= 500:
             errors[labels.get("arm", "")] += value
     return [Arm(arm, n, errors[arm] / n if n else None,
-                ttft_p50=_quantile(samples, "lamina_time_to_first_token_seconds", arm, 0.5),
-                ttft_p95=_quantile(samples, "lamina_time_to_first_token_seconds", arm, 0.95),
-                e2e_p95=_quantile(samples, "lamina_e2e_request_latency_seconds", arm, 0.95))
+                ttft_p50=_quantile(samples, m.TTFT, arm, 0.5),
+                ttft_p95=_quantile(samples, m.TTFT, arm, 0.95),
+                e2e_p95=_quantile(samples, m.E2E, arm, 0.95))
             for arm, n in sorted(requests.items(), key=lambda item: (item[0] == "", item[0]))]
 
 
 def summarize(current: Snapshot, previous: Snapshot | None = None) -> Summary:
     """The screen's data from the latest scrape and, for rates, the one before it."""
     s = current.samples
-    load = Load(running=_total(s, "lamina_num_requests_running"), waiting=_total(s, "lamina_num_requests_waiting"),
-                kv_usage=_total(s, "lamina_kv_cache_usage_perc"),
-                requests_per_s=rate(current, previous, "lamina_requests_total"),
-                tokens_per_s=rate(current, previous, "lamina_generation_tokens_total"))
+    load = Load(running=_total(s, m.NUM_REQUESTS_RUNNING), waiting=_total(s, m.NUM_REQUESTS_WAITING),
+                kv_usage=_total(s, m.KV_CACHE_USAGE),
+                requests_per_s=rate(current, previous, m.REQUESTS + "_total"),
+                tokens_per_s=rate(current, previous, m.GENERATION_TOKENS + "_total"))
     return Summary(current.url, current.ready, current.draining, _replicas(s), load, _slos(s), _arms(s))
-
-
-def _num(value: float | None, fmt: str = "{:.0f}") -> str:
-    return DASH if value is None else fmt.format(value)
-
-
-def fmt_pct(value: float | None) -> str:
-    """A share (0 to 1) as a percentage, ``–`` for None."""
-    return _num(None if value is None else value * 100, "{:.1f}%")
-
-
-def fmt_secs(value: float | None, *, signed: bool = False) -> str:
-    """Seconds as ``"1.25 s"`` or ``"12.5 ms"`` (``"+12.5 ms"`` when ``signed``), ``–`` for None."""
-    if value is None:
-        return DASH
-    sign = "+" if signed else ""
-    return f"{value:{sign}.3g} s" if abs(value) >= 1 else f"{value * 1e3:{sign}.3g} ms"
 
 
 def _flag(text: str, bad: bool) -> Text:
     return Text(text, style="bold red" if bad else "green")
-
-
-def rich_table(title: str, *columns: str) -> Table:
-    """A borderless table with a bold title; columns after the first are right-aligned."""
-    table = Table(*columns, title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD,
-                  show_edge=False)
-    for column in table.columns[1:]:
-        column.justify = "right"
-    return table
 
 
 def _header(summary: Summary, interval: float | None, error: str | None) -> Text:
@@ -280,15 +191,15 @@ def _replicas_table(replicas: Sequence[Replica]) -> Table:
     for r in replicas:
         table.add_row(r.name, _flag("yes" if r.up else "no", bad=not r.up),
                       _flag("open" if r.circuit_open else "closed", bad=r.circuit_open),
-                      _num(r.outstanding), _num(r.queue), fmt_pct(r.kv_usage), _num(r.tokens_per_s, "{:.1f}"))
+                      fmt_num(r.outstanding), fmt_num(r.queue), fmt_pct(r.kv_usage), fmt_num(r.tokens_per_s, "{:.1f}"))
     return table
 
 
 def _load_table(load: Load) -> Table:
     table = rich_table("Load", "running", "waiting", "KV", "req/s", "tok/s")
     table.columns[0].justify = "right"
-    table.add_row(_num(load.running), _num(load.waiting), fmt_pct(load.kv_usage), _num(load.requests_per_s, "{:.2f}"),
-                  _num(load.tokens_per_s, "{:.1f}"))
+    table.add_row(fmt_num(load.running), fmt_num(load.waiting), fmt_pct(load.kv_usage),
+                  fmt_num(load.requests_per_s, "{:.2f}"), fmt_num(load.tokens_per_s, "{:.1f}"))
     return table
 
 
@@ -299,14 +210,14 @@ def _slo_table(slos: Sequence[Slo]) -> Table:
         threshold = fmt_pct(slo.threshold) if slo.name == "error_rate" else fmt_secs(slo.threshold)
         burns = [slo.burn.get(w) for w in windows]
         table.add_row(slo.name, threshold, fmt_pct(slo.budget),
-                      *(Text(_num(b, "{:.2f}"), style="bold red" if b is not None and b > 1 else "") for b in burns))
+                      *(Text(fmt_num(b, "{:.2f}"), style="bold red" if b is not None and b > 1 else "") for b in burns))
     return table
 
 
 def _arms_table(arms: Sequence[Arm]) -> Table:
     table = rich_table("A/B arms (since start)", "arm", "requests", "5xx", "TTFT p50", "TTFT p95", "e2e p95")
     for arm in arms:
-        table.add_row(arm.label or "(no arm)", _num(arm.requests), fmt_pct(arm.error_share), fmt_secs(arm.ttft_p50),
+        table.add_row(arm.label or "(no arm)", fmt_num(arm.requests), fmt_pct(arm.error_share), fmt_secs(arm.ttft_p50),
                       fmt_secs(arm.ttft_p95), fmt_secs(arm.e2e_p95))
     return table
 
@@ -334,7 +245,7 @@ def run(url: str, *, interval: float, once: bool) -> int:
                 Console(color_system=None, highlight=False).print(render(summarize(first)))
             else:
                 _watch(client, url, first, interval)
-    except StatusError as exc:
+    except ScrapeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -349,7 +260,7 @@ def _watch(client: httpx.Client, url: str, previous: Snapshot, interval: float) 
             time.sleep(interval)
             try:
                 current = scrape(client, url)
-            except StatusError as exc:
+            except ScrapeError as exc:
                 live.update(render(summary, interval=interval, error=str(exc)), refresh=True)
                 continue
             summary, previous = summarize(current, previous), current
