@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from lamina.kernel.plugins import load_plugins
+from lamina.testing.contracts import ReplicaProviderContract
 from lamina.pool.replicas import LocalProcesses
 from lamina.kernel.stack import Stack
 from lamina.pool import build_stack
@@ -98,3 +99,8 @@ def test_the_kernel_alone_refuses_a_stack_whose_executor_runs_elsewhere() -> Non
     with pytest.raises(ConfigError, match="lamina.pool.build_stack") as raised:
         Stack(config, plugins)
     assert raised.value.path == "replicas"
+
+
+class TestLocalProcesses(ReplicaProviderContract):
+    def build(self) -> LocalProcesses:
+        return LocalProcesses("127.0.0.1", 0)

@@ -50,6 +50,11 @@ if TYPE_CHECKING:
         StackInfo,
     )
 
+OBSERVER_HOOKS = ("lamina_stack_started", "lamina_stack_stopping", "lamina_request_received",
+                  "lamina_request_admitted", "lamina_request_routed", "lamina_request_first_token",
+                  "lamina_request_finished", "lamina_request_failed")
+"""The observer hooks, which core calls one implementation at a time (see the module docstring)."""
+
 # ---------------------------------------------------------------------------
 # Registration
 # ---------------------------------------------------------------------------

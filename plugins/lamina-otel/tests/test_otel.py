@@ -18,6 +18,7 @@ from lamina.kernel.pipeline import run_request
 from lamina.kernel.plugins import load_plugins
 from lamina.kernel.stack import Stack
 from lamina.kernel.stack_config import StackConfig
+from lamina.testing.contracts import ObserverContract
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.errors import ConfigError, InvalidRequestError, LaminaError
 from lamina_hookspecs.registration import Register
@@ -156,3 +157,8 @@ def test_registers_as_an_observer() -> None:
 
     plugins = load_plugins(extra=(("names", Names()),))
     assert "otel" in [c.name for c in plugins.registry if c.layer.key == "observer"] and seen
+
+
+class TestOtelObserverContract(ObserverContract):
+    registered_name = "otel"
+    options = {"exporter": "console"}

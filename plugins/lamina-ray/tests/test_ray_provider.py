@@ -16,6 +16,7 @@ from lamina.kernel.plugins import load_plugins
 from lamina.pool.replicas import ReplicaSet
 from lamina.kernel.stack import Stack
 from lamina.pool import build_stack
+from lamina.testing.contracts import ReplicaProviderContract
 from lamina.kernel.stack_config import StackConfig
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.protocols import Executor
@@ -124,3 +125,8 @@ def test_ray_actors_scale_up_down_and_are_replaced_when_killed(cluster: None) ->
 
     asyncio.run(run())
     assert actors() == [], "stopping the stack stops its actors"
+
+
+@pytest.mark.usefixtures("cluster")
+class TestRayProviderContract(ReplicaProviderContract):
+    registered_name = "ray"

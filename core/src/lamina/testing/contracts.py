@@ -2,7 +2,7 @@
 
 Subclass one in a test module. Set ``registered_name`` to build the component from the
 installed plugins (through its entry point, with default options or ``options``), or
-override the ``component`` fixture to construct it yourself.
+override ``build()`` (or the ``component`` fixture) to construct it yourself.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import attrs
 import pytest
 
-from lamina_hookspecs import layers
+from lamina_hookspecs import hookimpl, layers
 from lamina_hookspecs.errors import (
     AuthenticationError, CodecError, InvalidRequestError, LaminaError, NoBackendError, NotFoundError,
     TokenizerNotAvailableError,
@@ -43,8 +43,13 @@ class ComponentContract:
 
     @pytest.fixture
     def component(self) -> Any:
+        return self.build()
+
+    def build(self) -> Any:
+        """The component under test: built from the installed plugins by ``registered_name`` with
+        ``options``; override it (or the ``component`` fixture) to construct it yourself."""
         if self.registered_name is None:
-            pytest.fail(f"{type(self).__name__}: set registered_name or override the 'component' fixture")
+            pytest.fail(f"{type(self).__name__}: set registered_name or override build()")
         from lamina.kernel.options import build_options
         from lamina.kernel.plugins import load_plugins
 
@@ -567,3 +572,160 @@ class ToolParserContract(ComponentContract):
             constraint = component.constraint(_TOOLS[:1], parallel=parallel)
             assert isinstance(constraint, StructuredOutput) and constraint.kind in STRUCTURED_KINDS
             assert "get_weather" in constraint.spec and "add_numbers" not in constraint.spec
+
+
+def _observer_manager(observer: Any) -> Any:
+    """A plugin manager with Lamina's hook specifications and ``observer`` registered (pluggy checks
+    each implementation's name and arguments against them)."""
+    import pluggy
+
+    from lamina_hookspecs import hookspecs
+    from lamina_hookspecs.markers import PROJECT_NAME
+
+    pm = pluggy.PluginManager(PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    pm.register(observer, name="observer")
+    return pm
+
+
+async def _observe(pm: Any, hook: str, **kwargs: Any) -> None:
+    """Call the observer's implementations of ``hook`` directly, so that whatever they raise fails the test."""
+    import inspect
+
+    for impl in getattr(pm.hook, hook).get_hookimpls():
+        result = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+        if inspect.isawaitable(result):
+            await result
+
+
+async def _one_request(pm: Any, ctx: Any, outcome: LaminaError | None) -> None:
+    """One request's lifecycle as core drives it, wrappers around it; ``outcome`` an error to fail with."""
+    from contextlib import AsyncExitStack
+
+    async with AsyncExitStack() as wrappers:
+        for impl in pm.hook.lamina_request_wrap.get_hookimpls():
+            manager = impl.function(ctx=ctx)
+            if manager is not None:
+                await wrappers.enter_async_context(manager)
+        await _observe(pm, "lamina_request_received", ctx=ctx)
+        if outcome is not None:
+            await _observe(pm, "lamina_request_failed", ctx=ctx, error=outcome)
+            return
+        ctx.request = Request(id=ctx.request_id, model="m", prompt="hello", sampling=SamplingParams(max_tokens=2))
+        pm.hook.lamina_admit(ctx=ctx, body={"prompt": "hello"})
+        await _observe(pm, "lamina_request_admitted", ctx=ctx)
+        backends = [BackendState(name="b0", model="m")]
+        pm.hook.lamina_route(ctx=ctx, request=ctx.request, backends=backends)
+        ctx.backend = "b0"
+        await _observe(pm, "lamina_request_routed", ctx=ctx)
+        ctx.first_token_at = time.monotonic()
+        await _observe(pm, "lamina_request_first_token", ctx=ctx)
+        ctx.finished_at, ctx.usage = time.monotonic(), Usage(prompt_tokens=1, completion_tokens=2)
+        await _observe(pm, "lamina_request_finished", ctx=ctx, finish_reason="stop")
+
+
+class _CoreLast:
+    """Stands in for core's own ``lamina_admit`` and ``lamina_route``, so an observer's wrappers have a call to wrap."""
+
+    @hookimpl(trylast=True)
+    def lamina_admit(self, ctx: Any, body: Any) -> None:
+        return None
+
+    @hookimpl(trylast=True)
+    def lamina_route(self, ctx: Any, request: Any, backends: Any) -> Any:
+        return backends[0]
+
+
+class ObserverContract(ComponentContract):
+    """An observer implements only hooks the specification has (with arguments it names), lives
+    through a stack's start, requests that finish and fail, the stack's stop, and then closes."""
+
+    layer = layers.OBSERVER
+
+    @pytest.fixture
+    def component(self) -> Any:
+        observer = self.build()
+        yield observer
+        observer.close()
+
+    def test_implements_known_request_and_stack_hooks(self, component: Any) -> None:
+        from lamina_hookspecs.hookspecs import OBSERVER_HOOKS
+
+        pm = _observer_manager(component)
+        implemented = {caller.name for caller in pm.get_hookcallers(component) or ()}
+        assert implemented, "an observer implements at least one lifecycle hook"
+        assert implemented <= {*OBSERVER_HOOKS, "lamina_request_wrap", "lamina_admit", "lamina_route"}, (
+            f"an observer implements lifecycle hooks only; got {sorted(implemented)}")
+
+    def test_lives_through_a_stack_and_its_requests_then_closes(self) -> None:
+        from lamina_hookspecs.types import RequestContext, StackInfo
+
+        component = self.build()
+        pm = _observer_manager(component)
+        pm.register(_CoreLast(), name="core")
+        stack = StackInfo(name="conformance", components={"executor": "echo"})
+
+        async def go() -> None:
+            await _observe(pm, "lamina_stack_started", stack=stack)
+            await _one_request(pm, RequestContext(request_id="ok", endpoint="completions", tenant="acme"), None)
+            failed = RequestContext(request_id="bad", endpoint="chat", tenant="acme")
+            await _one_request(pm, failed, InvalidRequestError("bad request", param="messages"))
+            await _observe(pm, "lamina_stack_stopping", stack=stack)
+
+        asyncio.run(go())
+        component.close()
+
+
+def _listener(host: str, port: int, marker: str) -> None:
+    """Wait until something listens on ``host:port``, or fail the test."""
+    import socket
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"the launched replica never listened on {host}:{port} ({marker})")
+            time.sleep(0.1)
+
+
+class ReplicaProviderContract(ComponentContract):
+    """A replica provider runs core's command line with the host, port and files directory it
+    chose, reports the address it listens on, sees it exit, stops it and closes.
+
+    The command it launches here is a stand-in for ``lamina worker``: a Python one-liner that
+    checks its file and listens on its port."""
+
+    layer = layers.REPLICA_PROVIDER
+
+    @pytest.fixture
+    def component(self) -> Any:
+        provider = self.build()
+        yield provider
+        provider.close()
+    LISTEN = ("-c", "import socket, sys, time\n"
+                    "assert open(sys.argv[1]).read() == 'worker stack'\n"
+                    "server = socket.create_server((sys.argv[2], int(sys.argv[3])))\n"
+                    "time.sleep(600)\n",
+              "{files}/stack.json", "{host}", "{port}")
+
+    def test_launches_core_s_command_line_and_stops_it_then_closes(self) -> None:
+        from lamina_hookspecs.types import WorkerLaunch
+
+        component = self.build()
+        worker = WorkerLaunch(name="replica-0", files={"stack.json": b"worker stack"}, args=self.LISTEN)
+        handle = component.launch(worker)
+        try:
+            host, _, port = handle.address.rpartition(":")
+            assert host and port.isdigit(), f"an address is host:port; got {handle.address!r}"
+            _listener(host, int(port), "its files or arguments were not the ones given")
+            assert handle.exited() is None, "it runs"
+        finally:
+            handle.stop()
+        deadline = time.monotonic() + 30
+        while handle.exited() is None and time.monotonic() < deadline:  # exited() may learn it a call later
+            time.sleep(0.1)
+        assert handle.exited() is not None, "a stopped replica reports an exit status"
+        component.close()

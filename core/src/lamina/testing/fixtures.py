@@ -23,7 +23,7 @@ def make_plugins() -> Callable[..., Any]:
 
 
 class HookRecorder:
-    """A plugin that records every lifecycle hook call as ``(hook_name, kwargs)``."""
+    """Every observer hook call (``OBSERVER_HOOKS``) a stack made, as ``(hook_name, kwargs)``."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
@@ -33,42 +33,28 @@ class HookRecorder:
 
 
 def _recording_plugin(recorder: HookRecorder) -> object:
-    from lamina_hookspecs import hookimpl
+    """One implementation per observer hook of the specification, each appending its call to
+    ``recorder``. (Core calls observers one implementation at a time, not through pluggy's hook
+    caller, so pluggy's hook-call monitoring does not see them: the recorder is an observer.)"""
+    import functools
+    import inspect
+
+    from lamina_hookspecs import hookimpl, hookspecs
 
     class Recording:
-        @hookimpl
-        def lamina_stack_started(self, stack: Any) -> None:
-            recorder.calls.append(("lamina_stack_started", {"stack": stack}))
+        pass
 
-        @hookimpl
-        def lamina_stack_stopping(self, stack: Any) -> None:
-            recorder.calls.append(("lamina_stack_stopping", {"stack": stack}))
+    plugin = Recording()
+    for name in hookspecs.OBSERVER_HOOKS:
+        spec = getattr(hookspecs, name)
 
-        @hookimpl
-        def lamina_request_received(self, ctx: Any) -> None:
-            recorder.calls.append(("lamina_request_received", {"ctx": ctx}))
+        @functools.wraps(spec)  # pluggy reads the arguments to pass from the spec's signature
+        def record(*args: Any, _name: str = name, _params: tuple[str, ...] = tuple(inspect.signature(spec).parameters),
+                   **kwargs: Any) -> None:
+            recorder.calls.append((_name, {**dict(zip(_params, args)), **kwargs}))
 
-        @hookimpl
-        def lamina_request_admitted(self, ctx: Any) -> None:
-            recorder.calls.append(("lamina_request_admitted", {"ctx": ctx}))
-
-        @hookimpl
-        def lamina_request_routed(self, ctx: Any) -> None:
-            recorder.calls.append(("lamina_request_routed", {"ctx": ctx}))
-
-        @hookimpl
-        def lamina_request_first_token(self, ctx: Any) -> None:
-            recorder.calls.append(("lamina_request_first_token", {"ctx": ctx}))
-
-        @hookimpl
-        def lamina_request_finished(self, ctx: Any, finish_reason: str) -> None:
-            recorder.calls.append(("lamina_request_finished", {"ctx": ctx, "finish_reason": finish_reason}))
-
-        @hookimpl
-        def lamina_request_failed(self, ctx: Any, error: Exception) -> None:
-            recorder.calls.append(("lamina_request_failed", {"ctx": ctx, "error": error}))
-
-    return Recording()
+        setattr(plugin, name, hookimpl(record))
+    return plugin
 
 
 @pytest.fixture
