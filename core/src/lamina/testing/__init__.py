@@ -11,6 +11,7 @@ the installed plugins with default options) or override the component fixture::
 
 ``lamina.testing.abandon`` has helpers for tests of clients that leave (an executor must let go of
 their work); ``lamina.testing.fixtures`` is loaded by pytest automatically (entry point ``pytest11``)
-and provides fixtures for hook recording and log capture. The modules import only
-what they need when they are used.
+and provides fixtures for a live server (``live``: a stack served over HTTP on loopback, see
+``lamina.testing.live``), hook recording and log capture. The modules import only what they need
+when they are used.
 """

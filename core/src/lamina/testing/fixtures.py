@@ -65,6 +65,24 @@ def hook_recorder() -> tuple[HookRecorder, object]:
 
 
 @pytest.fixture
+def live() -> Iterator[Callable[..., Any]]:
+    """``live(stack_dict, *extra_plugins)`` serves a stack over HTTP on a free loopback port and returns
+    its :class:`~lamina.testing.live.LiveServer` (``.url``, ``.stack``); every one is stopped at teardown."""
+    from lamina.testing.live import LiveServer
+
+    started: list[LiveServer] = []
+
+    def start(config: dict[str, Any], *extra: tuple[str, object]) -> LiveServer:
+        server = LiveServer(config, extra).__enter__()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.__exit__()
+
+
+@pytest.fixture
 def lamina_logs() -> Iterator[list[dict[str, Any]]]:
     """Every structlog event logged during the test, as dicts (``event``, level, fields),
     with the request fields core binds as context variables (``request_id``, ``tenant``, ...)."""
