@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
+from lamina.cli import main
 from lamina.kernel.pipeline import run_request
 from lamina.kernel.plugins import load_plugins
 from lamina.pool import build_stack
@@ -33,3 +35,11 @@ def test_example_stack_serves_a_request(path: Path) -> None:
             await stack.stop()
 
     assert asyncio.run(go()) == "hello lamina"
+
+
+@pytest.mark.parametrize("path", STACKS, ids=lambda p: p.name)
+def test_lamina_check_accepts_the_example_stack(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["check", str(path), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert json.loads(captured.out)["source"] == str(path)

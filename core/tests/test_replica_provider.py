@@ -89,7 +89,8 @@ def test_a_crashed_worker_is_relaunched_once_while_its_launch_takes_time(monkeyp
 
 def test_an_unknown_provider_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as info:
-        StackConfig.from_dict({"replicas": {"count": 1, "provider": "kubernetes"}}, load_plugins().registry)
+        StackConfig.from_dict({"executor": {"use": "echo"}, "replicas": {"count": 1, "provider": "kubernetes"}},
+                              load_plugins().registry)
     assert info.value.path == "replicas.provider.use" and "no replica provider named 'kubernetes'" in str(info.value)
 
 

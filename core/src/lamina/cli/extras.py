@@ -10,8 +10,9 @@ TOOLS_EXTRA = ("httpx", "numpy", "rich", "tqdm")
 
 def missing_tool(command: str, error: ModuleNotFoundError) -> int:
     """Say which package ``lamina <command>`` lacks and how to install it; re-raise any other missing module."""
-    if error.name not in TOOLS_EXTRA:
+    package = (error.name or "").split(".")[0]
+    if package not in TOOLS_EXTRA:
         raise error
-    print(f"error: lamina {command} needs {error.name}, which comes with the tools extra: "
+    print(f"error: lamina {command} needs {package}, which comes with the tools extra: "
           "pip install 'lamina-core[tools]'", file=sys.stderr)
     return 2

@@ -93,11 +93,12 @@ def test_model_pools_of_local_replicas_and_remote_backends(live: Any, lamina_log
 
 
 @pytest.mark.parametrize(("data", "path"), [
-    ({"replicas": {"count": -1}}, "replicas.count"),
+    ({"executor": {"use": "echo"}, "replicas": {"count": -1}}, "replicas.count"),
     ({"backends": [{"name": "a"}]}, "backends[0]"),
-    ({"replicas": {"count": 1, "fallback_model": "small"}, "backends": [{"name": "b", "address": "h:1"}]},
-     "replicas.fallback_model"),
-    ({"replicas": {"count": 1}, "backends": [{"name": "replica-0", "address": "h:1"}]}, "backends"),
+    ({"executor": {"use": "echo"}, "replicas": {"count": 1, "fallback_model": "small"},
+      "backends": [{"name": "b", "address": "h:1"}]}, "replicas.fallback_model"),
+    ({"executor": {"use": "echo"}, "replicas": {"count": 1},
+      "backends": [{"name": "replica-0", "address": "h:1"}]}, "backends"),
     ({"replicas": {"count": 2}, "ab": {"executor": {"arms": [{"name": "a", "use": "echo"},
                                                               {"name": "b", "use": "echo"}]}}}, "ab.executor"),
 ])
