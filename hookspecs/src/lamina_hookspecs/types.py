@@ -15,7 +15,7 @@ import attrs
 
 from lamina_hookspecs import estimate
 
-FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"]
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = get_args(Role)
 """The chat roles a request may carry."""

@@ -129,6 +129,7 @@ END = bytes.fromhex("0403000000")  # END: no flags, 0 tokens, stop
     (HEAD + b"\x05\x02\x00\x01\x81\x00", "over-long varint"),
     (HEAD + b"\x04\x02\x00\x7f\x01", "127 tokens do not fit"),
     (HEAD + b"\x04\x03\x00\x00\x07", "unknown finish reason 7"),
+    (HEAD + b"\x04\x03\x00\x00\x03", "unknown finish reason 3"),
     (HEAD[:5] + b"\x04\x01\x05\x00\x00", "unknown kind 5"),
     (HEAD[:5] + b"\x04\x01\x00\x03\x00", "unknown options 0x03"),
     (HEAD + END + b"\x00", "data after the end"),

@@ -37,7 +37,7 @@ def chunks(draw: st.DrawFn, index: int, final: bool) -> TokenChunk:
         top_logprobs=tuple(tuple(TopLogprob(token_id=draw(token_ids), text=draw(texts), logprob=draw(float32s))
                                  for _ in range(draw(st.integers(0, 3)))) for _ in ids)
         if with_logprobs and draw(st.booleans()) else None,
-        finish_reason=draw(st.sampled_from(["stop", "length", "abort", "error"])) if final else None,
+        finish_reason=draw(st.sampled_from(["stop", "length", "abort", "tool_calls"])) if final else None,
         usage=draw(st.none() | st.builds(Usage, prompt_tokens=st.integers(0, 2**32), completion_tokens=st.integers(0, 99),
                                          cached_tokens=st.integers(0, 9))) if final else None,
     )

@@ -26,7 +26,7 @@ from lamina_stc.wire import (
 )
 
 _FLOAT = struct.Struct("<f")
-_FINISH_CODES = {reason: code for code, reason in enumerate(wire.FINISH_REASONS)}
+_FINISH_CODES = {reason: code for code, reason in enumerate(wire.FINISH_REASONS) if reason is not None}
 _INCLUDE_USAGE_CODES = {value: code for code, value in enumerate(wire.INCLUDE_USAGE)}
 _CHUNK_FRAMES = {False: "TOKENS", True: "END"}
 
@@ -377,9 +377,9 @@ class StcDecoder:
         finish_reason = usage = None
         if final:
             code = body[at]
-            if code >= len(wire.FINISH_REASONS):
+            finish_reason = wire.FINISH_REASONS[code] if code < len(wire.FINISH_REASONS) else None
+            if finish_reason is None:
                 raise CodecError(f"stc: END frame: unknown finish reason {code}")
-            finish_reason = wire.FINISH_REASONS[code]
             at += 1
             if flags & HAS_USAGE:
                 prompt, at = read_varint(body, at)

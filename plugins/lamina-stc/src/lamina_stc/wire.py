@@ -36,7 +36,8 @@ TOKENS_FLAGS: Final = HAS_TEXT | HAS_LOGPROBS | HAS_TOP_LOGPROBS | HAS_INDEX | H
 END_FLAGS: Final = TOKENS_FLAGS | HAS_USAGE
 
 KINDS: Final[tuple[Literal["completion", "chat"], ...]] = ("completion", "chat")
-FINISH_REASONS: Final[tuple[FinishReason, ...]] = ("stop", "length", "abort", "error", "tool_calls")
+FINISH_REASONS: Final[tuple[FinishReason | None, ...]] = ("stop", "length", "abort", None, "tool_calls")
+"""Finish reasons by their code in the END frame; code 3 is reserved (a failed stream ends with an ERROR frame)."""
 INCLUDE_USAGE: Final = (None, False, True)
 """``StreamMeta.include_usage`` by its code in the HEADER frame's options byte (bits 0-1)."""
 INCLUDE_USAGE_MASK: Final = 0x03
