@@ -14,7 +14,7 @@ from lamina.tools.bench.servers import free_port
 from lamina.pool.replicas import LocalHandle, LocalProcesses
 from lamina_hookspecs import hookimpl
 from lamina_hookspecs.registration import Register
-from lamina_hookspecs.types import PoolSnapshot, ScaleDecision
+from lamina_hookspecs.types import PoolSnapshot, ScaleDecision, WorkerLaunch
 
 SLOW = {"model": "echo", "prompt": " ".join(f"w{i}" for i in range(20)), "max_tokens": 20}
 
@@ -156,12 +156,12 @@ class DiesAtLaunch:
     def __init__(self) -> None:
         self.local, self.launched = LocalProcesses("127.0.0.1", 0), 0
 
-    def launch(self, name: str, worker_stack: Any) -> Any:
+    def launch(self, worker: WorkerLaunch) -> Any:
         self.launched += 1
         if self.launched in DiesAtLaunch.dying:
             process = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(0.3); sys.exit(3)"])
             return LocalHandle(process, f"127.0.0.1:{free_port()}")
-        return self.local.launch(name, worker_stack)
+        return self.local.launch(worker)
 
     def close(self) -> None:
         self.local.close()
