@@ -1,6 +1,6 @@
 """A built stack: one object per layer (or per A/B arm), ready to serve.
 
-``Stack.build`` instantiates every component from a validated :class:`StackConfig` and
+``Stack(config, plugins)`` instantiates every component from a validated :class:`StackConfig` and
 registers core's own implementations of ``lamina_admit`` and ``lamina_route`` (as
 pytest registers its default plugins), so plugins can wrap or override those phases.
 The hot path then calls the resolved objects directly.
@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
+import pluggy
 import structlog
 
 from lamina_hookspecs import hookimpl, layers
@@ -72,10 +73,10 @@ class BackendPool(Protocol):
     def status(self) -> PoolStatus | None:
         """The replicas' state, or None for a pool without replicas."""
 
-    async def start(self, pm: Any) -> None:
+    async def start(self, pm: pluggy.PluginManager) -> None:
         """Start every backend; ``pm`` (the stack's plugin manager) lets the pool observe requests."""
 
-    async def stop(self, pm: Any) -> None:
+    async def stop(self, pm: pluggy.PluginManager) -> None:
         """Stop every backend, draining replicas."""
 
 

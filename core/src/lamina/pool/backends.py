@@ -12,9 +12,9 @@ share); the ``fallback`` arm records which.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import attrs
+import pluggy
 
 from lamina_hookspecs.errors import ConfigError
 from lamina_hookspecs.protocols import Executor
@@ -80,7 +80,7 @@ class Pool:
             cold_start_s=replicas.cold_starts_s[-1] if replicas.cold_starts_s else None,
             actions=replicas.actions.copy())
 
-    async def start(self, pm: Any) -> None:
+    async def start(self, pm: pluggy.PluginManager) -> None:
         await asyncio.gather(*(executor.start() for executor in self.backends.values()),
                              *([self.replicas.start()] if self.replicas is not None else []))
         fallback = self.config.replicas.fallback_model
@@ -91,7 +91,7 @@ class Pool:
             pm.register(self.controller.traffic, name=TRAFFIC_PLUGIN_NAME)
             self.controller.start()
 
-    async def stop(self, pm: Any) -> None:
+    async def stop(self, pm: pluggy.PluginManager) -> None:
         if self.controller is not None:
             await self.controller.stop()
             if pm.is_registered(self.controller.traffic):  # not when start failed
