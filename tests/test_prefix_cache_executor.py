@@ -42,6 +42,12 @@ def run_stack(model: Path, prefix_cache: bool, rounds: list[list[Request]], **ex
                 results = await asyncio.gather(*(_collect(executor, r) for r in requests))
                 outputs.append(results)
             blocks = executor.engine.scheduler.blocks
+            # the engine thread frees a sequence's blocks just after its last chunk: let it, for up to 5 s
+            cached = lambda: executor.prefix_cache.stats()["cached_blocks"] if executor.prefix_cache else 0  # noqa: E731
+            for _ in range(250):
+                if blocks.allocator.num_free + cached() == blocks.allocator.num_blocks:
+                    break
+                await asyncio.sleep(0.02)
             stats.update(preemptions=executor.engine.scheduler.num_preemptions, shared_blocks=len(blocks.readers),
                          free_blocks=blocks.allocator.num_free, total_blocks=blocks.allocator.num_blocks,
                          **(executor.prefix_cache.stats() if executor.prefix_cache else {}))
