@@ -280,15 +280,7 @@ class JaxExecutor:
 
     def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
         engine = self._loaded()
-        ids = self._prompt_ids(request)
-        if not ids:
-            raise InvalidRequestError("the prompt is empty", param="prompt")
-        self._check_bias(request.sampling)
-        limit = self.model.context_length
-        budget = request.sampling.max_tokens or limit - len(ids)
-        if budget < 1 or len(ids) + budget > limit:
-            raise ContextLengthError(f"this model's maximum context length is {limit} tokens; the prompt has "
-                                     f"{len(ids)} and max_tokens asks for {budget} more")
+        # Shed load before any work on the request (the chat template, tokenizing): a refusal is fast.
         if engine.num_waiting >= self.options.max_queue:
             raise ServiceUnavailableError(f"the request queue is full ({self.options.max_queue} waiting)",
                                           code="queue_full", retry_after=1)
@@ -298,6 +290,15 @@ class JaxExecutor:
             raise ServiceUnavailableError(
                 f"the server is overloaded: a new request would wait about {expected:.0f} s to start, longer than "
                 f"max_queue_wait_s ({bound:g} s)", code="overloaded", retry_after=min(expected, 60.0))
+        ids = self._prompt_ids(request)
+        if not ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        self._check_bias(request.sampling)
+        limit = self.model.context_length
+        budget = request.sampling.max_tokens or limit - len(ids)
+        if budget < 1 or len(ids) + budget > limit:
+            raise ContextLengthError(f"this model's maximum context length is {limit} tokens; the prompt has "
+                                     f"{len(ids)} and max_tokens asks for {budget} more")
         return self._stream(engine, attrs.evolve(request, max_queue_wait_s=bound,
                                                  sampling=attrs.evolve(request.sampling, max_tokens=budget)), ids)
 
