@@ -61,7 +61,7 @@ from lamina.tools.bench.workloads import sharegpt
 from lamina.tools.htmlreport import page, table
 from lamina.tools.bench.report import cdf_svg
 from lamina.wire.queue_wait import MAX_QUEUE_WAIT_HEADER
-from lamina.tools.status import parse_metrics
+from lamina.tools.scrape import parse_metrics
 
 ARMS = ("unbounded", "bounded")
 REFUSED_AT_ARRIVAL = ("queue_full", "overloaded")
