@@ -47,12 +47,18 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_check(args: argparse.Namespace) -> int:
-    plugins = load_plugins()
+def _read_stack(path: str) -> StackConfig | None:
+    """The validated stack file at ``path``; None after printing its error."""
     try:
-        config = StackConfig.from_toml(args.stack, plugins.registry)
+        return StackConfig.from_toml(path, load_plugins().registry)
     except ConfigError as exc:
-        print(f"error: {args.stack}: {exc}", file=sys.stderr)
+        print(f"error: {path}: {exc}", file=sys.stderr)
+        return None
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    config = _read_stack(args.stack)
+    if config is None:
         return 1
     described = config.describe()
     if args.json:
@@ -68,11 +74,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_route_explain(args: argparse.Namespace) -> int:
     from lamina_hookspecs.types import ChatMessage, Request
 
-    plugins = load_plugins()
-    try:
-        config = StackConfig.from_toml(args.stack, plugins.registry)
-    except ConfigError as exc:
-        print(f"error: {args.stack}: {exc}", file=sys.stderr)
+    config = _read_stack(args.stack)
+    if config is None:
         return 1
     if config.route_tree is None:
         print(f"{args.stack} has no [route_tree]: every request goes to the stack's router "
