@@ -69,7 +69,7 @@ def test_open_loop_and_errors_counted(live) -> None:
 def test_ab_ratio_reflects_token_delay(live, tmp_path) -> None:
     fast, slow = live(echo(0.01)), live(echo(0.03))
     parser = argparse.ArgumentParser(prog="lamina")
-    bench_cli.add_parser(parser.add_subparsers(dest="command"))
+    bench_cli.add_parsers(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["bench", "--url", fast.url, "--url", slow.url, "--label", "fast", "--label", "slow",
                               "--input-len", "6", "--output-len", "8", "-n", "16", "--concurrency", "2",
                               "--rounds", "4", "--resamples", "200", "--slo", "ttft=25ms", "--no-progress",

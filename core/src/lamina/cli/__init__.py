@@ -20,9 +20,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="WARNING", help="log level (default WARNING)")
     parser.add_argument("--log-json", action="store_true", default=None, help="JSON logs even on a TTY")
     sub = parser.add_subparsers(dest="command", required=True)
-    for group in (stack, serve, autoscale, observe):
+    for group in (stack, serve, autoscale, observe, bench):
         group.add_parsers(sub)
-    bench.add_parser(sub)
     return parser
 
 

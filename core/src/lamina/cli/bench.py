@@ -35,7 +35,7 @@ def _slo(text: str) -> dict[str, float]:
     return parse_slo(text)
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parsers(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``bench`` on ``subparsers`` (an ``add_subparsers()`` result)."""
     p = subparsers.add_parser(
         "bench", help="load-test OpenAI-compatible endpoints; A/B-compare stacks",
