@@ -32,3 +32,9 @@ def test_hookspec_is_used_by_a_test(name: str) -> None:
 
 def test_every_layer_has_a_registration_hookspec() -> None:
     assert {layer.hook for layer in LAYERS} <= set(HOOKS)
+
+
+def test_observer_hooks_are_every_stack_and_request_observer() -> None:
+    """``OBSERVER_HOOKS`` (what the hook recorder and the observer contract call) names every observer spec."""
+    observers = {name for name in HOOKS if name.startswith(("lamina_stack_", "lamina_request_"))}
+    assert set(hookspecs.OBSERVER_HOOKS) == observers - {"lamina_request_wrap"}
