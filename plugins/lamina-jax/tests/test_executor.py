@@ -24,6 +24,7 @@ from lamina_jax.model.llama import LlamaParams, forward
 from lamina_jax.options import JaxOptions
 from lamina_jax.rates import SpacedRate
 from lamina_jax.weights.gguf import load_gguf
+from lamina_jax.weights.model_files import ModelFiles
 from lamina_jax.testing import cpu_kernels_absent, device_counts, tiny_config
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -418,17 +419,29 @@ def test_low_precision_weights_serve_the_same_greedy_start(tiny_gguf: Path, fmt:
 
 def test_auto_weights_serve_each_shape_in_the_format_measured_fastest(tiny_gguf: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``weights_dtype = "auto"`` holds the weights the start-up measurement chose and runs every
-    shape in its own format; here the measurement is made to prefer bfloat16 computed in float32
-    below 16 rows and native bfloat16 from 16 on (so float32 weights are not held at all)."""
+    """``weights_dtype = "auto"`` times the formats on a float32 probe of the first layers, then reads
+    the model once in each dtype the measurement chose, and runs every shape in its own format;
+    here the measurement is made to prefer bfloat16 computed in float32 below 16 rows and native
+    bfloat16 from 16 on (so float32 weights are not held at all)."""
     from lamina_jax import weight_formats
 
-    def measured(params: object, row_counts: list[int], formats: tuple[str, ...]) -> dict[int, dict[str, float]]:
+    def measured(params: LlamaParams, row_counts: list[int], formats: tuple[str, ...],
+                 n_layers: int) -> dict[int, dict[str, float]]:
         assert row_counts == sorted(row_counts) and row_counts[0] == 1 and "int8" not in formats
+        assert len(params.layers) == 1 < n_layers, "a probe of one layer"
         return {rows: {"float32": 1.0, "bfloat16": 2.0 if rows < 16 else 0.5, "bfloat16-f32": 0.7}
                 for rows in row_counts}
 
+    reads: list[tuple[str, int | None]] = []
+    load_params = ModelFiles.load_params
+
+    def read(files: ModelFiles, progress: object, dtype: str, place: object, layers: int | None) -> LlamaParams:
+        reads.append((dtype, layers))
+        return load_params(files, progress, dtype, place, layers)
+
     monkeypatch.setattr(weight_formats, "measure", measured)
+    monkeypatch.setattr(weight_formats, "PROBE_BYTES", 1)
+    monkeypatch.setattr(ModelFiles, "load_params", read)
     request = Request(id="a", model="tiny-llama", prompt="in the", sampling=SamplingParams(max_tokens=3, **GREEDY))
 
     async def go() -> tuple[object, list[int]]:
@@ -444,6 +457,8 @@ def test_auto_weights_serve_each_shape_in_the_format_measured_fastest(tiny_gguf:
     assert {shape: (p.embed.dtype, c.matmul_dtype) for shape, (p, c) in runner.shape_weights.items()} == {
         ("decode", rows): (jnp.bfloat16, "float32") for rows in (1, 2, 4, 8)}
     assert runner.shape_weights[("decode", 1)][0] is runner.params, "one bfloat16 copy serves both formats"
+    assert reads == [("float32", 1), ("bfloat16", None)], \
+        "a float32 probe, then the model read once, as bfloat16: never whole in float32"
     assert len(output) == 3
 
 
@@ -454,7 +469,7 @@ def test_the_format_measurement_times_every_format() -> None:
     params = to_params(random_weights(tiny_config(), seed=0))
     formats = weight_formats.auto(params)
     assert set(formats) == {"float32", "bfloat16", "bfloat16-f32"}
-    timings = weight_formats.measure(params, [1, 16], formats)
+    timings = weight_formats.measure(params, [1, 16], formats, len(params.layers))
     assert set(timings) == {1, 16} and all(set(t) == set(formats) for t in timings.values())
     assert all(seconds > 0 for t in timings.values() for seconds in t.values())
     assert weight_formats.fastest({1: {"float32": 2.0, "bfloat16": 1.0}}) == {1: "bfloat16"}
@@ -462,13 +477,12 @@ def test_the_format_measurement_times_every_format() -> None:
 
 def test_the_format_measurement_scales_the_timed_layers_to_the_model_and_drops_formats_far_behind(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """An estimate is the median layer time times depth over `MEASURED_LAYERS`, plus the head's; a
+    """An estimate is the median layer time times the model's depth over the probe's, plus the head's; a
     format more than `DROP_BEHIND` times the fastest after the first round is not timed again."""
     from lamina_jax import weight_formats
     from lamina_jax.testing import random_weights, tiny_config, to_params
 
     params = to_params(random_weights(tiny_config(), seed=0))
-    monkeypatch.setattr(weight_formats, "MEASURED_LAYERS", 1)
     per_call = {"float32": (0.010, 0.004), "bfloat16": (0.012, 0.001), "bfloat16-f32": (0.5, 0.1)}
     calls: list[str] = []
 
@@ -481,8 +495,7 @@ def test_the_format_measurement_scales_the_timed_layers_to_the_model_and_drops_f
         return [layer] * weight_formats.CALLS, [head] * weight_formats.CALLS
 
     monkeypatch.setattr(weight_formats, "_time_format", timed)
-    timings = weight_formats.measure(params, [4], tuple(per_call))
-    assert len(params.layers) == 2  # so every layer time counts twice
+    timings = weight_formats.measure(attrs.evolve(params, layers=params.layers[:1]), [4], tuple(per_call), 2)
     assert timings[4] == pytest.approx({"float32": 0.024, "bfloat16": 0.025, "bfloat16-f32": 1.1})
     assert calls.count("bfloat16-f32") == 1
     assert calls.count("float32") == calls.count("bfloat16") == weight_formats.ROUNDS

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import attrs
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -125,6 +126,27 @@ def test_weights_held_as_they_are_read_are_the_float32_weights_cast(family: str,
     for got, want in zip(jax.tree.leaves(held), jax.tree.leaves(expected), strict=True):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize(("family", "fmt"), [("llama", "gguf"), ("qwen2", "hf")])
+def test_a_probe_reads_the_first_layers_and_the_head_only(family: str, fmt: str) -> None:
+    """``layers = 1`` (``auto`` times formats on such a probe): the embedding, norm, head and first
+    layer of the whole load."""
+    files, whole = loaded(family, fmt)
+    done: list[tuple[int, int]] = []
+    probe = files.load_params(lambda n, total: done.append((n, total)), layers=1)
+    assert len(whole.layers) > 1 and len(probe.layers) == 1
+    expected = attrs.evolve(whole, layers=whole.layers[:1])
+    for got, want in zip(jax.tree.leaves(probe), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert done[-1] == (len(jax.tree.leaves(probe)),) * 2, "the progress counts the probe's tensors alone"
+
+
+def test_only_a_gguf_of_q4_1_matrices_and_a_q8_0_head_is_stored_in_blocks() -> None:
+    from lamina_jax.weights.gguf import smollm2_path
+
+    assert open_model(smollm2_path()).in_blocks
+    assert not any(open_model(path_of(family, fmt)).in_blocks for family, fmt in CASES)
 
 
 @pytest.mark.parametrize("devices", device_counts(1, 2, 4))

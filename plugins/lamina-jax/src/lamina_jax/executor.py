@@ -15,7 +15,6 @@ import asyncio
 import functools
 import time
 import collections.abc
-from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence as Seq
 from pathlib import Path
 
@@ -32,7 +31,6 @@ from lamina_hookspecs.types import BackendState, ModelInfo, Request, SamplingPar
 from lamina_jax.engine import Engine
 from lamina_jax.block_manager import BlockAllocator, BlockManager, blocks_for
 from lamina_jax import sharding, weight_formats
-from lamina_jax.model import cpu_kernels
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import LlamaParams, kv_bytes_per_position
 from lamina_jax.model_runner import ModelRunner
@@ -43,9 +41,9 @@ from lamina_jax.sequence import Sequence
 from lamina_jax.structured_output import Grammars
 from lamina_jax.chat_template import ChatTemplateError
 from lamina_jax.tokenizer import Tokenizer
-from lamina_jax.weight_formats import cast, configure
 from lamina_jax.weights.gguf import smollm2_path
-from lamina_jax.weights.model_files import open_model
+from lamina_jax.weights.model_files import ModelFiles, open_model
+from lamina_jax.weights.served import load_weights
 
 log = structlog.get_logger(__name__)
 
@@ -105,30 +103,26 @@ class JaxExecutor:
         tokenizer = files.tokenizer
         if options.chat_template is not None:
             tokenizer.set_chat_template(_template_text(options.chat_template))
-        with tqdm(desc=f"loading {self.path.name}", unit="tensor", leave=False) as bar:
-            def progress(done: int, total: int) -> None:
-                bar.total = total
-                bar.update(done - bar.n)
-
-            # Over a mesh, a format given by name is laid out tensor by tensor as it is read, so no device
-            # holds the whole model; `auto` first times the formats on float32 weights in one place.
-            place = (functools.partial(sharding.place_field, config=config, mesh=mesh)
-                     if mesh is not None and options.weights_dtype != "auto" else None)
-            loaded_params = files.load_params(progress, self._load_dtype(), place)
         max_len = min(options.max_model_len, config.context_length)
         self.model = attrs.evolve(self.model, context_length=max_len)
         self.tokenizer = tokenizer
         self.grammars = Grammars(tokenizer, config.vocab_size)
         shapes = ModelRunner.shapes_for(max_batch=options.max_batch, prefill_chunk=options.prefill_chunk)
-        params, model_config, shape_weights = self._weights(loaded_params, config, shapes)
-        del loaded_params  # the weights as read, where no format kept them: freed before the KV cache is sized
-        if mesh is not None:  # laid out before the KV cache is sized, so each device's free memory counts its shards
-            params, shape_weights = sharding.place_weights(params, model_config, shape_weights, mesh)
+        # Over a mesh each tensor is laid out as it is read, so no device holds the whole model, and
+        # each device's free memory counts only its shards when the KV cache is sized.
+        place = None if mesh is None else functools.partial(sharding.place_field, config=config, mesh=mesh)
+        weights = load_weights(files, options.weights_dtype, shapes, place=place,
+                               tensor_parallel=options.tensor_parallel,
+                               read=functools.partial(self._read, files))
+        if weights.timings is not None:
+            log.info("weight_formats_chosen", model=self.model.id,
+                     chosen={str(rows): fmt for rows, fmt in (weights.chosen or {}).items()},
+                     ms={str(r): {f: round(t * 1e3, 2) for f, t in by.items()} for r, by in weights.timings.items()})
         num_blocks, kv_sizing = self._kv_blocks(config, max_len, mesh)
-        runner = ModelRunner(params, model_config, num_blocks=num_blocks, block_size=options.block_size,
+        runner = ModelRunner(weights.params, weights.config, num_blocks=num_blocks, block_size=options.block_size,
                              max_batch=options.max_batch, max_blocks_per_seq=blocks_for(max_len, options.block_size),
                              prefill_chunk=options.prefill_chunk, max_prefills=options.max_prefills,
-                             kv_dtype=options.kv_dtype, shape_weights=shape_weights, mesh=mesh)
+                             kv_dtype=options.kv_dtype, shape_weights=weights.shape_weights, mesh=mesh)
         self._precompile(runner)
         blocks = BlockManager(BlockAllocator(num_blocks), block_size=options.block_size, prefix_cache=self.prefix_cache)
         scheduler = Scheduler(blocks, max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
@@ -165,34 +159,16 @@ class JaxExecutor:
         return max(budget // block_bytes, least), {"kv_memory_fraction": fraction,
                                                    "kv_mib_per_device": round(budget / 2**20, 1)}
 
-    def _load_dtype(self) -> str:
-        """The dtype weights are held in as they are read: the format's own, tensor by tensor; float32
-        where ``auto`` times formats on the weights before it holds them in the ones it picks."""
-        fmt = self.options.weights_dtype
-        if fmt == "auto":
-            return "float32"
-        if weight_formats.FORMATS[fmt][0] == "q4_1" and not cpu_kernels.available():
-            raise ValueError(f"weights_dtype = {fmt!r} needs the ggml kernel on the CPU backend; JAX runs on "
-                             f"{jax.default_backend()} here")
-        return weight_formats.FORMATS[fmt][0]
+    def _read(self, files: ModelFiles, dtype: str, place: weight_formats.Place | None,
+              layers: int | None) -> LlamaParams:
+        """`ModelFiles.load_params` under a progress bar."""
+        what = "a probe of " if layers is not None else ""
+        with tqdm(desc=f"loading {what}{self.path.name} as {dtype}", unit="tensor", leave=False) as bar:
+            def progress(done: int, total: int) -> None:
+                bar.total = total
+                bar.update(done - bar.n)
 
-    def _weights(self, params: LlamaParams, config: LlamaConfig, shapes: list[tuple[str, int]],
-                 ) -> tuple[LlamaParams, LlamaConfig, dict[tuple[str, int], tuple[LlamaParams, LlamaConfig]]]:
-        """The weights in the format(s) ``weights_dtype`` asks for: the default, and those of the
-        shapes served in another format. ``params`` are held as `_load_dtype` says."""
-        if self.options.weights_dtype != "auto":
-            return params, configure(config, self.options.weights_dtype), {}
-        formats = [fmt for fmt in weight_formats.auto(params)
-                   if self.options.tensor_parallel == 1 or weight_formats.FORMATS[fmt][0] != "q4_1"]
-        timings = weight_formats.measure(params, sorted({rows for _, rows in shapes}), formats)
-        choice = weight_formats.fastest(timings)
-        default = Counter(choice.values()).most_common(1)[0][0]
-        held = {dtype: cast(params, dtype) for dtype in {weight_formats.FORMATS[f][0] for f in choice.values()}}
-        weights = {fmt: (held[weight_formats.FORMATS[fmt][0]], configure(config, fmt)) for fmt in set(choice.values())}
-        log.info("weight_formats_chosen", model=self.model.id, chosen={str(r): f for r, f in choice.items()},
-                 ms={str(r): {f: round(t * 1e3, 2) for f, t in by.items()} for r, by in timings.items()})
-        return (*weights[default], {shape: weights[choice[shape[1]]] for shape in shapes
-                                    if choice[shape[1]] != default})
+            return files.load_params(progress, dtype, place, layers)
 
     def _precompile(self, runner: ModelRunner) -> None:
         """Compile every shape serving can use, reading and writing JAX's persistent cache."""

@@ -12,15 +12,16 @@ its products are float32's up to the order of the sums). Both need the natively 
 `lamina_jax.model.ggml`. Decode with a few rows is bound by memory
 bandwidth, a big batch or a prompt chunk by the matrix kernels, and which format is fastest at
 which size differs from one CPU to the next (bf16 dots are native on CPUs with AVX-512 BF16,
-slow on others). With ``weights_dtype = "auto"`` the executor times a few decoder layers'
-projections and the output head in each of the `auto` formats at every row count it compiles
-(`measure`) and serves each shape in the fastest; a weight dtype is held only if some shape uses
-it. ``int8`` is left out of ``auto``: it passes the perplexity gate but changes far more greedy tokens than the bfloat16
+slow on others). With ``weights_dtype = "auto"`` the executor reads a probe of the model (its
+first decoder layers, `probe_layers`, and its head) in float32, times their projections in each
+of the `auto` formats at every row count it compiles (`measure`), and then reads the model once
+in each weight dtype some shape's fastest format holds. ``int8`` is left out of ``auto``: it passes the perplexity gate but changes far more greedy tokens than the bfloat16
 formats (``benchmarks/weights_dtype.py``), so it is served only when a stack file asks for it.
 So is ``q4_1``: its perplexity is within the gate (its weights are the GGUF's own; only the
 activations are rounded to 8 bits, as llama.cpp does) but about as few greedy continuations as
 int8's match float32's. ``auto`` times ``q4_1-f32`` only for a model whose matrices the blocks hold
-exactly (`exact_in_blocks`), so it changes no number.
+exactly (`exact_in_blocks` on the probe, and a file that stores the rest in such blocks), so it
+changes no number.
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ FORMATS: dict[str, tuple[str, str | None]] = {
 """Format name → (dtype the weights are held in, `LlamaConfig.matmul_dtype`)."""
 NOT_AUTO = ("int8", "q4_1")
 """Formats ``weights_dtype = "auto"`` never chooses."""
-ROUNDS = 7
 
 
 _P = TypeVar("_P", LlamaParams, LayerParams)
@@ -79,10 +79,11 @@ def usable(params: LlamaParams) -> tuple[str, ...]:
     return tuple(fmt for fmt in FORMATS if servable(params, fmt))
 
 
-def auto(params: LlamaParams) -> tuple[str, ...]:
-    """The formats ``weights_dtype = "auto"`` times for ``params``: ``q4_1-f32`` only where it is exact."""
+def auto(params: LlamaParams, stored_in_blocks: bool = True) -> tuple[str, ...]:
+    """The formats ``weights_dtype = "auto"`` times for ``params`` (a model or a probe of one, whose
+    file ``stored_in_blocks`` or not): ``q4_1-f32`` only where it is exact."""
     return tuple(fmt for fmt in FORMATS if fmt not in NOT_AUTO and servable(params, fmt)
-                 and (fmt != "q4_1-f32" or exact_in_blocks(params)))
+                 and (fmt != "q4_1-f32" or (stored_in_blocks and exact_in_blocks(params))))
 
 
 def cast(params: _P, dtype: str) -> _P:
@@ -148,9 +149,24 @@ def configure(config: LlamaConfig, fmt: str) -> LlamaConfig:
     return attrs.evolve(config, matmul_dtype=FORMATS[fmt][1])
 
 
-MEASURED_LAYERS = 8
-"""Decoder layers timed together: more weights than the CPU's caches hold, as when serving, and
-the cost of a call spread over them (one layer at one row would time mostly the call)."""
+PROBE_BYTES = 96 * 2**20
+"""Float32 bytes of decoder-layer matrices `measure` times together: more than the CPU's caches
+hold, as when serving, with the cost of a call spread over them (one small layer at one row would
+time mostly the call). Eight of SmolLM2-135M's layers; one of a 7B model's."""
+
+
+def probe_layers(config: LlamaConfig) -> int:
+    """The decoder layers a probe holds: the fewest (at least one) whose matrices make `PROBE_BYTES`."""
+    attention = config.dim * config.head_dim * 2 * (config.n_heads + config.n_kv_heads)
+    per_layer = 4 * (attention + 3 * config.dim * config.ffn_dim)
+    return min(config.n_layers, -(-PROBE_BYTES // per_layer))
+
+
+def probe(params: LlamaParams, config: LlamaConfig) -> LlamaParams:
+    """``params`` cut to the layers a probe holds (`probe_layers`), as `measure` takes them."""
+    return attrs.evolve(params, layers=params.layers[:probe_layers(config)])
+
+
 ROUNDS = 3
 """Rounds of timing; the order of the formats is reversed every other round."""
 CALLS = 2
@@ -195,19 +211,19 @@ def _time_format(held: LlamaParams, x: jax.Array, matmul_dtype: str | None) -> t
             _seconds(lambda: _head_product(held.head, x, matmul_dtype)))
 
 
-def measure(params: LlamaParams, row_counts: Sequence[int],
-            formats: Sequence[str]) -> dict[int, dict[str, float]]:
+def measure(probe: LlamaParams, row_counts: Sequence[int], formats: Sequence[str],
+            n_layers: int) -> dict[int, dict[str, float]]:
     """Estimated seconds of one step's matrix products, by row count and format: the median time of
-    `MEASURED_LAYERS` layers' products scaled to the model's depth, plus the output head's. Each
+    the products of ``probe``'s layers (the first of a model's, `probe`) scaled to the model's
+    ``n_layers``, plus the output head's. Each
     round times every format in turn, `CALLS` calls at a time (`_seconds`), in the reverse order
     of the round before, so that a drift of the machine's speed meets all of them alike; a format
     far behind after a round (`DROP_BEHIND`) is not timed again at that row count."""
-    part = attrs.evolve(params, layers=params.layers[:MEASURED_LAYERS])
-    depth = len(params.layers) / len(part.layers)
-    held = {FORMATS[fmt][0]: cast(part, FORMATS[fmt][0]) for fmt in formats}
+    depth = n_layers / len(probe.layers)
+    held = {FORMATS[fmt][0]: cast(probe, FORMATS[fmt][0]) for fmt in formats}
     timings: dict[int, dict[str, float]] = {}
     for rows in row_counts:
-        x = jnp.asarray(np.random.default_rng(0).standard_normal((rows, params.embed.shape[1]), np.float32))
+        x = jnp.asarray(np.random.default_rng(0).standard_normal((rows, probe.embed.shape[1]), np.float32))
         times: dict[str, tuple[list[float], list[float]]] = {fmt: ([], []) for fmt in formats}
         estimate: dict[str, float] = {}
         racing = list(formats)

@@ -142,18 +142,20 @@ _OPTIONAL = {"bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias",
 
 def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, arch: str = "llama",
                 progress: Progress | None = None, dtype: str = "float32",
-                place: weight_formats.Place | None = None) -> LlamaParams:
+                place: weight_formats.Place | None = None, layers: int | None = None) -> LlamaParams:
     """Dequantize every weight into a `LlamaParams` held as ``dtype`` (a held dtype of
     `weight_formats`), converted (and put where ``place`` says) one tensor at a time
     (`weight_formats.held`): no float32 copy of the whole model is made first.
 
     :param progress: called as ``progress(done, total)`` after each tensor.
+    :param layers: read only the first ``layers`` decoder layers (and the embedding, norm and head).
     """
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     tied = "output.weight" not in tensors
     shapes = _expected_shapes(config)
-    optional = [f"blk.{i}.{name}" for i in range(config.n_layers) for name in _OPTIONAL.values()]
-    total = config.n_layers * len(shapes) + (2 if tied else 3) + sum(name in tensors for name in optional)
+    n_layers = config.n_layers if layers is None else min(layers, config.n_layers)
+    optional = [f"blk.{i}.{name}" for i in range(n_layers) for name in _OPTIONAL.values()]
+    total = n_layers * len(shapes) + (2 if tied else 3) + sum(name in tensors for name in optional)
     done = 0
     permuted = arch in _PERMUTED
 
@@ -193,11 +195,22 @@ def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, arch: str = "ll
             w_down=load("w_down", f"blk.{i}.ffn_down.weight", shapes["ffn_down"]),
             **extras(i),
         )
-        for i in range(config.n_layers)
+        for i in range(n_layers)
     )
     norm = load("norm", "output_norm.weight", (config.dim,))
     lm_head = None if tied else load("lm_head", "output.weight", vocab_shape)
     return weight_formats.with_head(LlamaParams(embed=embed, layers=layers, norm=norm, lm_head=lm_head), dtype)
+
+
+def in_blocks(reader: gguf.GGUFReader) -> bool:
+    """Whether the file stores every decoder matrix in Q4_1 blocks and the output head (the embedding
+    table where tied) in Q8_0, as the `weight_formats` ``q4_1`` formats hold them."""
+    types = {tensor.name: tensor.tensor_type for tensor in reader.tensors}
+    head = types.get("output.weight", types.get("token_embd.weight"))
+    matrices = [t for name, t in types.items()
+                if name.startswith("blk.") and name.endswith(".weight") and not name.endswith("norm.weight")]
+    return (head == gguf.GGMLQuantizationType.Q8_0
+            and bool(matrices) and all(t == gguf.GGMLQuantizationType.Q4_1 for t in matrices))
 
 
 def open_gguf(path: str | Path) -> tuple[gguf.GGUFReader, dict[str, Any], LlamaConfig]:

@@ -107,18 +107,27 @@ def _weight_files(directory: Path) -> list[Path]:
     return [single]
 
 
-def _tensors(files: list[Path]) -> Iterator[tuple[str, jax.Array]]:
+def _tensors(files: list[Path], keep: Callable[[str], bool]) -> Iterator[tuple[str, jax.Array]]:
+    """The tensors of ``files`` whose names ``keep`` takes, read one at a time."""
     for file in files:
         with safetensors.safe_open(str(file), framework="flax") as opened:
             for name in opened.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                yield name, opened.get_tensor(name)
+                if keep(name):
+                    yield name, opened.get_tensor(name)
+
+
+def _layer(name: str) -> int | None:
+    """The decoder layer a tensor name (``model.layers.{i}.…``) belongs to, if any."""
+    parts = name.split(".")
+    return int(parts[2]) if parts[:2] == ["model", "layers"] and parts[2].isdigit() else None
 
 
 def load_params(directory: Path, config: LlamaConfig, hf_config: Mapping[str, Any], *,
                 progress: Progress | None = None, dtype: str = "float32",
-                place: weight_formats.Place | None = None) -> LlamaParams:
+                place: weight_formats.Place | None = None, layers: int | None = None) -> LlamaParams:
     """Every weight of the directory's safetensors held as ``dtype`` (a held dtype of `weight_formats`),
-    converted (and put where ``place`` says) one tensor at a time (`weight_formats.held`)."""
+    converted (and put where ``place`` says) one tensor at a time (`weight_formats.held`); with
+    ``layers``, only the first ``layers`` decoder layers' (and the embedding, norm and head)."""
     arch = architecture(hf_config)
     biased = arch in _BIASED or bool(hf_config.get("attention_bias"))
     tied = bool(hf_config.get("tie_word_embeddings", False))
@@ -144,11 +153,16 @@ def load_params(directory: Path, config: LlamaConfig, hf_config: Mapping[str, An
                 "model.norm.weight": ("norm", (config.dim,))}
     if not tied:
         expected["lm_head.weight"] = ("lm_head", (config.vocab_size, config.dim))
-    for i in range(config.n_layers):
+    n_layers = config.n_layers if layers is None else min(layers, config.n_layers)
+    for i in range(n_layers):
         expected |= {f"model.layers.{i}.{name}": (f"{i}.{field}", shape) for name, (field, shape) in
                      layer_shapes.items()}
     loaded: dict[str, Weight] = {}
-    for name, tensor in _tensors(_weight_files(directory)):
+    def keep(name: str) -> bool:  # every tensor of a whole load, so that an unexpected one is refused
+        layer = _layer(name)
+        return layers is None or layer is None or layer < n_layers
+
+    for name, tensor in _tensors(_weight_files(directory), keep):
         if name not in expected:
             if name == "lm_head.weight" and tied:
                 continue
@@ -165,6 +179,6 @@ def load_params(directory: Path, config: LlamaConfig, hf_config: Mapping[str, An
     if missing:
         raise ValueError(f"{directory}: missing tensors {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}")
     layers = tuple(LayerParams(**{field: loaded[f"{i}.{field}"] for field, _ in layer_shapes.values()})
-                   for i in range(config.n_layers))
+                   for i in range(n_layers))
     return weight_formats.with_head(LlamaParams(embed=loaded["embed"], layers=layers, norm=loaded["norm"],
                                                 lm_head=loaded.get("lm_head")), dtype)

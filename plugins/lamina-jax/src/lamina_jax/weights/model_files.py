@@ -36,15 +36,18 @@ class ModelFiles:
     architecture: str
     config: LlamaConfig
     tokenizer: Tokenizer
-    _read_params: Callable[[Progress | None, str, Place | None], LlamaParams]
+    in_blocks: bool
+    """Whether the file stores its decoder matrices in Q4_1 blocks and its head in Q8_0 (`gguf.in_blocks`)."""
+    _read_params: Callable[[Progress | None, str, Place | None, int | None], LlamaParams]
 
     def load_params(self, progress: Progress | None = None, dtype: str = "float32",
-                    place: Place | None = None) -> LlamaParams:
+                    place: Place | None = None, layers: int | None = None) -> LlamaParams:
         """Read every weight, held as ``dtype`` (``float32``, ``bfloat16``, ``int8`` or ``q4_1``: see
         `weight_formats.held`) and put where ``place`` says, tensor by tensor; ``progress(done, total)``
-        after each."""
+        after each. With ``layers``, only the first ``layers`` decoder layers (and the embedding,
+        norm and head): a probe of the model."""
         try:
-            return self._read_params(progress, dtype, place)
+            return self._read_params(progress, dtype, place, layers)
         except (ValueError, KeyError, OSError) as error:
             raise ModelFileError(f"{self.path}: {error}") from error
 
@@ -53,9 +56,9 @@ def _open_gguf(path: Path) -> ModelFiles:
     reader, metadata, config = gguf.open_gguf(path)
     arch = metadata["general.architecture"]
     return ModelFiles(path=path, format="gguf", architecture=arch, config=config,
-                      tokenizer=Tokenizer.from_gguf(metadata),
-                      read_params=lambda progress, dtype, place: gguf.load_params(
-                          reader, config, arch=arch, progress=progress, dtype=dtype, place=place))
+                      tokenizer=Tokenizer.from_gguf(metadata), in_blocks=gguf.in_blocks(reader),
+                      read_params=lambda progress, dtype, place, layers: gguf.load_params(
+                          reader, config, arch=arch, progress=progress, dtype=dtype, place=place, layers=layers))
 
 
 def _open_hf(path: Path) -> ModelFiles:
@@ -65,9 +68,9 @@ def _open_hf(path: Path) -> ModelFiles:
         raise FileNotFoundError("no tokenizer.json (the tokenizer is read from it; a slow tokenizer's files "
                                 "alone are not enough)")
     return ModelFiles(path=path, format="hf", architecture=hf.architecture(hf_config), config=config,
-                      tokenizer=Tokenizer.from_hf(path),
-                      read_params=lambda progress, dtype, place: hf.load_params(
-                          path, config, hf_config, progress=progress, dtype=dtype, place=place))
+                      tokenizer=Tokenizer.from_hf(path), in_blocks=False,
+                      read_params=lambda progress, dtype, place, layers: hf.load_params(
+                          path, config, hf_config, progress=progress, dtype=dtype, place=place, layers=layers))
 
 
 def open_model(path: str | Path) -> ModelFiles:
