@@ -319,7 +319,8 @@ class TokenChunk:
     """One or more tokens that became ready together, with the text they complete.
 
     ``index`` is the position of the first token in the output. The last chunk of a
-    stream has ``finish_reason`` and ``usage`` set (and may carry no tokens).
+    stream has ``finish_reason`` and ``usage`` set (and may carry no tokens). An executor that
+    knows only text (an upstream that sends no ids) sends chunks of text without ``token_ids``.
     ``tool_calls`` are the fragments of tool calls the text so far completed (the calls' own text
     is then not in ``text``). ``logprobs`` (one per token) and ``top_logprobs`` (one tuple per token) are present
     only when the request asked for them.
@@ -346,6 +347,11 @@ class TokenChunk:
     def is_final(self) -> bool:
         """Whether this chunk ends the stream (not only its choice)."""
         return self.finish_reason is not None and not self.more
+
+    @property
+    def has_output(self) -> bool:
+        """Whether the chunk carries generated output: token ids, or text without them."""
+        return bool(self.token_ids or self.text)
 
 
 @attrs.frozen(kw_only=True)

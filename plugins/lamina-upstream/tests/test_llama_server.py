@@ -46,9 +46,13 @@ def llama_server() -> Iterator[str]:
         yield url
 
 
-def test_llama_server_behind_lamina_answers_as_it_does_direct(llama_server: str,
+@pytest.mark.parametrize("engine", ["auto", "generic"])
+def test_llama_server_behind_lamina_answers_as_it_does_direct(llama_server: str, engine: str,
                                                                front: Callable[..., StackServer]) -> None:
-    server = front(llama_server, served_name="smollm2")
+    """Read as llama-server (``auto``) and as any OpenAI-compatible server (``generic``: text and usage
+    only, and the context length set, since /v1/models does not tell it)."""
+    server = front(llama_server, served_name="smollm2", engine=engine,
+                   **({"context_length": 2048} if engine == "generic" else {}))
     through = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
     direct = openai.OpenAI(base_url=f"{llama_server}/v1", api_key="unused", max_retries=0)
     upstream_model = direct.models.list().data[0].id

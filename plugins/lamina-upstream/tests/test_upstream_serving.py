@@ -223,3 +223,53 @@ def test_finished_streams_give_their_connections_back_and_count_no_abort(
         events = list(client.completions.create(model="echo-up", prompt=f"request {i} here", stream=True))
         assert "".join(e.choices[0].text for e in events) == f"request {i} here"
     assert _metric(server, "lamina_request_aborts_total") == 0
+
+
+def test_a_generic_upstream_serves_text_usage_and_stc_without_token_ids(
+        echo_upstream: StackServer, front: Callable[..., StackServer]) -> None:
+    """``engine = "generic"`` reads an upstream as any OpenAI-compatible server: text and usage, no ids;
+    the client gets the same text in OpenAI's format and over STC, TTFT is measured, and what needs
+    the upstream's tokenizer or ids is refused by name."""
+    server = front(echo_upstream.url, engine="generic")
+    client = _client(server)
+    messages = [{"role": "user", "content": "the quick brown fox jumps"}]
+    chat = client.chat.completions.create(model="echo-up", messages=messages, max_tokens=3)
+    assert chat.choices[0].message.content == "the quick brown" and chat.choices[0].finish_reason == "length"
+    assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (5, 3), "the upstream's usage"
+    body = {"model": "echo-up", "prompt": "alpha beta gamma delta", "stream": True}
+    sse = httpx.post(f"{server.url}/v1/completions", json=body, timeout=10).text
+    assert not any(event["choices"][0].get("token_ids") for event in _sse_events(sse) if event["choices"])
+    response = httpx.post(f"{server.url}/v1/completions", json=body, headers={"Accept": "application/x-lamina-stc"},
+                          timeout=10)
+    found = load_plugins().registry.get((layers.CODEC,), "stc", layers.CODEC.key)
+    codec = found.factory(build_options(found.options, {}, "codec"), BuildContext(stack_name="test"))
+    chunks = [item for item in decode_stream(codec.decoder(), response.content) if isinstance(item, TokenChunk)]
+    assert "".join(c.text for c in chunks) == "alpha beta gamma delta" and not any(c.token_ids for c in chunks)
+    assert chunks[-1].finish_reason == "stop" and chunks[-1].usage.completion_tokens == 4
+    assert _metric(server, "lamina_time_to_first_token_seconds_count") == 3
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="echo-up", messages=messages, max_tokens=2, logprobs=True)
+    assert "logprobs" in refused.value.message
+    tokenize = httpx.post(f"{server.url}/tokenize", json={"model": "echo-up", "prompt": "a b"}, timeout=10)
+    assert tokenize.status_code == 404 and tokenize.json()["error"]["code"] == TokenizerNotAvailableError.CODE
+
+
+def test_an_upstream_of_unknown_owner_is_read_as_generic(echo_upstream: StackServer) -> None:
+    executor = UpstreamExecutor(UpstreamOptions(url=echo_upstream.url, poll_interval_s=0.1))
+
+    async def engine(owned_by: str) -> str | None:
+        entry = {"id": "echo-up", "owned_by": owned_by, "max_model_len": 4096}
+
+        async def listed(deadline: float) -> dict[str, object]:
+            return entry
+
+        executor.engine = None
+        executor._model_entry = listed  # type: ignore[method-assign]
+        await executor.start()
+        try:
+            return executor.engine
+        finally:
+            await executor.stop()
+
+    assert asyncio.run(engine("sglang")) == "generic"
+    assert asyncio.run(engine("lamina")) == "lamina"

@@ -155,6 +155,37 @@ def test_a_stream_without_usage_estimates_the_prompt_and_counts_its_own_tokens()
     assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (10, 1)
 
 
+def test_a_generic_upstream_is_asked_for_text_and_refuses_what_needs_ids_or_a_nonstandard_constraint() -> None:
+    _, body = upstream_call(_chat(temperature=0.0, top_k=5), "m", "generic")
+    assert not {"return_token_ids", "post_sampling_probs", "logprobs", "top_logprobs"} & set(body)
+    assert body["top_k"] == 5 and body["stream_options"] == {"include_usage": True}
+    with pytest.raises(InvalidRequestError) as refused:
+        upstream_call(_chat(logprobs=True, top_logprobs=2), "m", "generic")
+    assert refused.value.param == "logprobs"
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+    _, structured = upstream_call(_chat(structured=StructuredOutput(kind="json", spec=schema)), "m", "generic")
+    assert structured["response_format"] == {"type": "json_schema", "json_schema": {
+        "name": "response", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}, "strict": True}}
+    assert "structured_outputs" not in structured
+    _, any_object = upstream_call(_chat(structured=StructuredOutput(kind="json_object", spec="")), "m", "generic")
+    assert any_object["response_format"] == {"type": "json_object"}
+    with pytest.raises(InvalidRequestError) as regex:
+        upstream_call(_chat(structured=StructuredOutput(kind="regex", spec="a+", param="structured_outputs.regex")),
+                      "m", "generic")
+    assert regex.value.param == "structured_outputs.regex"
+
+
+def test_a_text_only_stream_counts_one_token_per_event_where_the_upstream_reports_no_usage() -> None:
+    stream = UpstreamStream("r", chat=True, logprobs=False, prompt_tokens=6, text_only=True)
+    chunks = [stream.event({"choices": [{"delta": {"content": text}}]}) for text in ("Hel", "lo", " there")]
+    assert [(c.index, c.token_ids, c.text) for c in chunks] == [(0, (), "Hel"), (1, (), "lo"), (2, (), " there")]
+    assert all(c.has_output for c in chunks)
+    stream.event({"choices": [{"delta": {}, "finish_reason": "length"}]})
+    assert (stream.final().usage.prompt_tokens, stream.final().usage.completion_tokens) == (6, 3)
+    stream.event({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}})
+    assert (stream.final().usage.prompt_tokens, stream.final().usage.completion_tokens) == (9, 4), "its usage wins"
+
+
 def test_stream_errors_and_cut_streams_are_lamina_errors() -> None:
     stream = UpstreamStream("r", chat=False, logprobs=False, prompt_tokens=1)
     with pytest.raises(ServiceUnavailableError) as busy:

@@ -102,7 +102,7 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
                         if echo and chunk.choice not in echoed:
                             chunk = attrs.evolve(chunk, text=echo + chunk.text)
                             echoed.add(chunk.choice)
-                        if ctx.first_token_at is None and chunk.token_ids:
+                        if ctx.first_token_at is None and chunk.has_output:
                             ctx.first_token_at = time.monotonic()
                             await notify(pm, "lamina_request_first_token", ctx=ctx)
                         if chunk.is_final:

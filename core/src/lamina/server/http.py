@@ -75,17 +75,17 @@ SLOW_CLIENT = ServiceUnavailableError(
 
 
 class _StreamBuffer:
-    """A stream's encoded output waiting for its client: ``(bytes, has tokens)`` items, then ``None``.
+    """A stream's encoded output waiting for its client: ``(bytes, has output)`` items, then ``None``.
     Past ``limit`` bytes held it is ``overflowed`` and takes no more."""
 
     def __init__(self, limit: int) -> None:
         self.limit, self.held, self.overflowed = limit, 0, False
         self._items: asyncio.Queue[tuple[bytes, bool] | None] = asyncio.Queue()
 
-    def put(self, data: bytes, has_tokens: bool = False) -> None:
+    def put(self, data: bytes, has_output: bool = False) -> None:
         self.held += len(data)
         self.overflowed = self.held > self.limit
-        self._items.put_nowait((data, has_tokens))
+        self._items.put_nowait((data, has_output))
 
     def end(self) -> None:
         self._items.put_nowait(None)
@@ -421,10 +421,10 @@ class Server:
         try:
             last = time.monotonic()
             while (item := await buffer.get()) is not None:
-                data, has_tokens = item
+                data, has_output = item
                 yield data
                 now = time.monotonic()
-                if has_tokens:
+                if has_output:
                     self.metrics.inter_token(ctx, now - last)
                 last = now
             ended = True  # the reader may still be closing the request's stream: let it finish
@@ -442,7 +442,7 @@ class Server:
                           chunks: AsyncIterator[TokenChunk], buffer: _StreamBuffer) -> None:
         """Encode ``chunks`` into ``buffer`` as they come, then end it; on overflow, abort them."""
         try:
-            buffer.put(encoder.header(meta) + encoder.chunk(first), bool(first.token_ids))
+            buffer.put(encoder.header(meta) + encoder.chunk(first), first.has_output)
             ended = first.is_final
             while not ended and not buffer.overflowed:
                 try:
@@ -450,7 +450,7 @@ class Server:
                 except StopAsyncIteration:
                     break
                 ended = chunk.is_final
-                buffer.put(encoder.chunk(chunk), bool(chunk.token_ids))
+                buffer.put(encoder.chunk(chunk), chunk.has_output)
             if buffer.overflowed and not ended:
                 log.warning("stream_aborted_slow_client", held_bytes=buffer.held, limit_bytes=buffer.limit)
                 self.metrics.aborted("slow_client")

@@ -1,5 +1,5 @@
 """The ``openai-upstream`` executor: an OpenAI-compatible server (llama-server, vLLM, another
-Lamina) behind Lamina's admission, routing, A/B splits, canaries and SLOs.
+Lamina, or any other as ``generic``) behind Lamina's admission, routing, A/B splits, canaries and SLOs.
 
 ``generate`` streams the upstream's ``/v1/completions`` or ``/v1/chat/completions``
 (:mod:`lamina_upstream.upstream_body`) and turns its events into chunks
@@ -29,11 +29,11 @@ import orjson
 
 from lamina_hookspecs.errors import (
     BackendLostError, ConfigError, InternalError, InvalidRequestError, LaminaError, NotFoundError,
-    PayloadTooLargeError, RateLimitError, RequestTimeoutError, ServiceUnavailableError,
+    PayloadTooLargeError, RateLimitError, RequestTimeoutError, ServiceUnavailableError, TokenizerNotAvailableError,
 )
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
-from lamina_upstream.options import ENGINES, OWNED_BY, Engine, UpstreamOptions
+from lamina_upstream.options import OWNED_BY, Engine, UpstreamOptions
 from lamina_upstream.upstream_body import CHAT_PATH, upstream_call
 from lamina_upstream.upstream_load import HEALTH_PATH, UpstreamLoad, load_from_metrics, load_from_slots
 from lamina_upstream.upstream_stream import UpstreamStream
@@ -89,11 +89,7 @@ class UpstreamExecutor:
         deadline = time.monotonic() + self.options.start_timeout_s
         entry = await self._model_entry(deadline)
         if self.engine is None:
-            owned_by = str(entry.get("owned_by"))
-            if owned_by not in OWNED_BY:
-                raise ConfigError("engine", f"cannot tell what {self.options.url} runs (its model is owned_by "
-                                            f"{owned_by!r}); set engine to one of {', '.join(ENGINES)}")
-            self.engine = OWNED_BY[owned_by]
+            self.engine = OWNED_BY.get(str(entry.get("owned_by")), "generic")
         self._upstream_model = str(entry["id"])
         self.model = ModelInfo(id=self.options.served_name or self._upstream_model,
                                context_length=self.options.context_length or await self._context_length(entry))
@@ -131,6 +127,7 @@ class UpstreamExecutor:
         """The upstream's own tokenization (:mod:`lamina_upstream.upstream_tokens`)."""
         if request.prompt_token_ids is not None:
             return list(request.prompt_token_ids)
+        self._tokenizes()
         rendered = None
         if self.engine == "llama-server" and request.messages is not None:
             rendered = answer(await self._post(TEMPLATE_PATH, template_body(request, add_generation_prompt)),
@@ -140,10 +137,17 @@ class UpstreamExecutor:
         return answer(await self._post(TOKENIZE_PATH, body), "tokens", list, self.options.url)
 
     async def detokenize(self, token_ids: Sequence[int]) -> str:
-        engine = self._started()
+        engine = self._tokenizes()
         payload = await self._post(DETOKENIZE_PATH, detokenize_body(token_ids, self._upstream_model, engine))
         return answer(payload, "content" if engine == "llama-server" else "prompt", str,
                       self.options.url)
+
+    def _tokenizes(self) -> Engine:
+        engine = self._started()
+        if engine == "generic":
+            raise TokenizerNotAvailableError(f"upstream {self.options.url} is a generic OpenAI-compatible server, "
+                                             "whose tokenizer Lamina cannot reach")
+        return engine
 
     def _started(self) -> Engine:
         if self._client is None or self.engine is None:
@@ -178,13 +182,13 @@ class UpstreamExecutor:
                         await response.aread()
                         raise _http_error(response, self.options.url)
                     reader = UpstreamStream(request.id, chat=path == CHAT_PATH, logprobs=request.sampling.logprobs,
-                                            prompt_tokens=prompt)
+                                            prompt_tokens=prompt, text_only=self.engine == "generic")
                     async for data in _event_data(response):
                         if data == "[DONE]":  # read on to the body's end, so the connection can be reused
                             continue
                         chunk = reader.event(_json(data))
                         if chunk is not None:
-                            self._generated += len(chunk.token_ids)
+                            self._generated += reader.emitted - chunk.index
                             self._streams[stream_key] = max(budget - reader.emitted, 0)
                             yield chunk
                 yield reader.final()  # the response is closed by now: its connection is back in the pool
@@ -269,6 +273,8 @@ class UpstreamExecutor:
         try:
             health = await self._client.get(HEALTH_PATH[self.engine])
             self._healthy = health.status_code == 200
+            if self.engine == "generic":  # reports no load Lamina can read
+                return self._healthy
             response = await self._client.get(self._load_path)
             if response.status_code == 200:
                 self._observe(load_from_metrics(response.text, self.engine) if self._load_path == "/metrics"

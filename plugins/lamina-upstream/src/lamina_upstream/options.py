@@ -6,10 +6,11 @@ from typing import Literal
 
 import attrs
 
-Engine = Literal["lamina", "vllm", "llama-server"]
-ENGINES: tuple[Engine, ...] = ("lamina", "vllm", "llama-server")
+Engine = Literal["lamina", "vllm", "llama-server", "generic"]
+ENGINES: tuple[Engine, ...] = ("lamina", "vllm", "llama-server", "generic")
 OWNED_BY: dict[str, Engine] = {"lamina": "lamina", "vllm": "vllm", "llamacpp": "llama-server"}
-"""``/v1/models`` ``owned_by`` values and the engine each names, for ``engine = "auto"``."""
+"""``/v1/models`` ``owned_by`` values and the engine each names, for ``engine = "auto"``; any other
+is ``generic``: an OpenAI-compatible server (SGLang, TGI, a hosted API) read for text and usage only."""
 
 
 def _url(instance: object, attribute: attrs.Attribute, value: str) -> None:
@@ -27,10 +28,11 @@ class UpstreamOptions:
         "help": "the upstream's model id to request (default: the first entry of its /v1/models)"})
     served_name: str = attrs.field(default="", metadata={
         "help": "the model id clients use here (default: the upstream's)"})
-    engine: Literal["auto", "lamina", "vllm", "llama-server"] = attrs.field(
+    engine: Literal["auto", "lamina", "vllm", "llama-server", "generic"] = attrs.field(
         default="auto", validator=attrs.validators.in_(("auto", *ENGINES)), metadata={
             "help": "what the upstream runs, which decides how token ids and load are read from it "
-                    "(auto: from the owned_by of its /v1/models)"})
+                    "(auto: from the owned_by of its /v1/models; generic: any other OpenAI-compatible "
+                    "server, read for text and usage only)"})
     api_key_env: str = attrs.field(default="", metadata={
         "help": "environment variable holding the upstream's API key, sent as a bearer token"})
     context_length: int = attrs.field(default=0, validator=attrs.validators.ge(0), metadata={

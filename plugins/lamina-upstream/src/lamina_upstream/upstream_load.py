@@ -5,6 +5,7 @@
 | ``lamina`` | ``/ready`` | ``/metrics``: ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` (Lamina exports vLLM's names) | ``vllm:kv_cache_usage_perc`` |
 | ``vllm`` | ``/health`` | the same | the same (``vllm:gpu_cache_usage_perc`` before vLLM 0.10) |
 | ``llama-server`` | ``/health`` (503 while loading) | ``/metrics`` (``--metrics``): ``llamacpp:requests_processing``, ``llamacpp:requests_deferred``; without it ``/slots``: slots processing | not reported |
+| ``generic`` | ``/v1/models`` | not read (only what is in flight from here) | not reported |
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lamina_upstream.options import Engine
 
-HEALTH_PATH: dict[Engine, str] = {"lamina": "/ready", "vllm": "/health", "llama-server": "/health"}
+HEALTH_PATH: dict[Engine, str] = {"lamina": "/ready", "vllm": "/health", "llama-server": "/health",
+                                  "generic": "/v1/models"}
 
 _VLLM = {"running": ("vllm:num_requests_running",), "waiting": ("vllm:num_requests_waiting",),
          "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")}

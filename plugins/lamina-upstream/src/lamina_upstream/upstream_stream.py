@@ -7,6 +7,10 @@ completions) and in the legacy completions format (``tokens`` / ``token_logprobs
 ``top_logprobs``), and passed on only when the client asked for them. The finish reason and
 usage come from the events that close the stream; the final chunk carries both.
 
+A ``generic`` upstream is read for its text alone (``text_only``): its chunks carry no ids,
+and each content event counts as one token (engines stream one token per event) where it
+reports no usage.
+
 An engine may hold a token's text back (a possible stop string, a split UTF-8 character) and
 send it later inside another token's event; such text arrives with that event's one id, or,
 at the very end, with none. The chunk indexes then lag the engine's own count by those
@@ -41,8 +45,9 @@ def error_from_event(error: object) -> LaminaError:
 class UpstreamStream:
     """Reads one upstream stream's events in order; :meth:`final` after the last."""
 
-    def __init__(self, request_id: str, *, chat: bool, logprobs: bool, prompt_tokens: int) -> None:
-        self.request_id, self.chat, self.logprobs = request_id, chat, logprobs
+    def __init__(self, request_id: str, *, chat: bool, logprobs: bool, prompt_tokens: int,
+                 text_only: bool = False) -> None:
+        self.request_id, self.chat, self.logprobs, self.text_only = request_id, chat, logprobs, text_only
         self.prompt_tokens = prompt_tokens
         """The prompt's estimated tokens, reported when the upstream reports no usage."""
         self.emitted = 0
@@ -65,12 +70,12 @@ class UpstreamStream:
             text = (choice.get("delta") or {}).get("content") or ""
         else:
             text = choice.get("text") or ""
-        ids, logprobs, tops = _token_fields(choice)
+        ids, logprobs, tops = ((), None, None) if self.text_only else _token_fields(choice)
         if not text and not ids:
             return None
         chunk = TokenChunk(request_id=self.request_id, index=self.emitted, token_ids=ids, text=text,
                            logprobs=logprobs if self.logprobs else None, top_logprobs=tops if self.logprobs else None)
-        self.emitted += len(ids)
+        self.emitted += 1 if self.text_only else len(ids)
         return chunk
 
     def final(self) -> TokenChunk:
