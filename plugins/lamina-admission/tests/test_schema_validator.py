@@ -395,8 +395,8 @@ def _quirk(endpoint: str, body: Any) -> str | None:
     * ``echo`` with ``logprobs`` the parser refuses (the prompt's logprobs are not returned yet).
     * Tools must have different names, and ``tool_choice`` must be ``required`` only with tools and
       name one of them: the parser checks, the schema cannot.
-    * ``min_tokens`` above ``max_tokens`` (one field bounded by another) the parser refuses;
-      draft-07 cannot say it.
+    * ``min_tokens`` above ``max_tokens`` (one field bounded by another, or by a completion's
+      default `openai_api.COMPLETION_MAX_TOKENS`) the parser refuses; draft-07 cannot say it.
     * A JSON Schema given as text (``guided_json``, ``structured_outputs.json``) must parse to an
       object, and a request takes one structured-output constraint: the parser checks both, the
       schema cannot.
@@ -432,6 +432,8 @@ def _quirk(endpoint: str, body: Any) -> str | None:
         return "more than one structured output constraint"
     limit = body.get("max_completion_tokens") if endpoint == "chat" else None
     limit = body.get("max_tokens") if limit is None else limit
+    if limit is None and endpoint == "completion":
+        limit = openai_api.COMPLETION_MAX_TOKENS
     if isinstance(limit, int) and isinstance(body.get("min_tokens"), int) and body["min_tokens"] > limit:
         return "min_tokens above max_tokens"
     if endpoint == "completion" and body.get("echo") is True and body.get("logprobs") is not None:
@@ -453,6 +455,7 @@ KNOWN_DIFFERENCES = [
     ("completion", {**COMPLETION, "best_of": 2}, False, True),
     ("chat", {**CHAT, "n": 2.0}, False, True),
     ("chat", {**CHAT, "max_tokens": 2, "min_tokens": 3}, False, True),
+    ("completion", {**COMPLETION, "min_tokens": 17}, False, True),  # above the default max_tokens of 16
     ("completion", {**COMPLETION, "echo": True, "logprobs": 1}, False, True),
     ("chat", {**CHAT, "tools": [TOOL, TOOL]}, False, True),
     ("chat", {**CHAT, "tool_choice": "required"}, False, True),

@@ -42,6 +42,8 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "parallel_tool_calls",
                          "tools", "tool_choice"}
+COMPLETION_MAX_TOKENS = 16
+"""A completion's ``max_tokens`` when the body gives none, as OpenAI's legacy completions API has it."""
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt"}
 DETOKENIZE_FIELDS = {"model", "tokens"}
 FIELDS = {"completion": COMPLETION_FIELDS, "chat": CHAT_FIELDS, "tokenize": TOKENIZE_FIELDS,
@@ -245,7 +247,8 @@ def parse_completion(body: Mapping[str, Any], request_id: str, tenant: str) -> R
         raise _fail("echo", "with logprobs it needs the prompt's logprobs, which Lamina does not return yet")
     return Request(id=request_id, model=body["model"], prompt=text, prompt_token_ids=ids, tenant=tenant,
                    user=_user(body), stream=bool(body.get("stream", False)), echo=echo, n=_choices(body),
-                   sampling=_sampling(body, "max_tokens", 16, logprobs is not None, logprobs or 0))
+                   sampling=_sampling(body, "max_tokens", COMPLETION_MAX_TOKENS, logprobs is not None,
+                                      logprobs or 0))
 
 
 def _prompt(body: Mapping[str, Any]) -> tuple[str | None, list[int] | None]:
