@@ -25,7 +25,11 @@ Printed per level and arm:
   arrival to the last completion);
 * accepted TTFT p50/p99;
 * rejection latency p50/p95/p99: 503s refused at arrival (``queue_full``, ``overloaded``), from
-  sending to the status;
+  sending to the status, as the load generator saw them (its own event loop, busy with every
+  stream of the run, adds its delays), and as a probe saw them: a separate process that sends a
+  one-token chat with the bounded arm's header every ``--probe-interval`` seconds over a
+  kept-alive connection during the bounded arm, as a client elsewhere would (it leaves a request
+  that is accepted after ``PROBE_PATIENCE_S``);
 * queue timeouts (503 ``queue_timeout``: waited past the bound);
 * 5xx other than 503, which must be 0;
 * client timeouts;
@@ -45,9 +49,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
+import subprocess
 import sys
 import tempfile
+import time
+import urllib.parse
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -67,13 +75,59 @@ ARMS = ("unbounded", "bounded")
 REFUSED_AT_ARRIVAL = ("queue_full", "overloaded")
 
 
+PROBE_PATIENCE_S = 1.0
+"""How long the probe waits for an answer: a request accepted rather than refused is left (the
+server aborts it) and the next sent on a new connection, so the probe keeps its pace."""
+
+
+def probe(url: str, model: str, queue_wait: float, interval: float) -> None:
+    """The probe process: until killed, send a one-token chat every ``interval`` seconds and print
+    ``seconds code`` for each 503 refused at arrival (from sending to the whole answer), ``left``
+    for each request it left."""
+    parts = urllib.parse.urlsplit(url)
+    body = json.dumps({"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+    headers = {"Content-Type": "application/json", MAX_QUEUE_WAIT_HEADER: str(queue_wait)}
+    connection = None
+    while True:
+        started = time.perf_counter()
+        connection = connection or http.client.HTTPConnection(parts.hostname, parts.port, timeout=PROBE_PATIENCE_S)
+        try:
+            connection.request("POST", "/v1/chat/completions", body, headers)
+            response = connection.getresponse()
+            answer = response.read()
+        except TimeoutError:
+            print("left", flush=True)
+            connection.close()
+            connection = None
+            continue
+        seconds = time.perf_counter() - started
+        if response.status == 503:
+            code = json.loads(answer)["error"].get("code")
+            if code in REFUSED_AT_ARRIVAL:
+                print(f"{seconds} {code}", flush=True)
+        time.sleep(max(0.0, interval - seconds))
+
+
+def probed(url: str, model: str, args: argparse.Namespace) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, __file__, "--probe-child", url, model, str(args.queue_wait),
+                             str(args.probe_interval)], stdout=subprocess.PIPE, text=True)
+
+
+def probe_results(process: subprocess.Popen[str]) -> tuple[list[float], int]:
+    """The probe's refusal latencies, sorted, and how many requests it left."""
+    process.terminate()
+    lines = process.communicate()[0].splitlines()
+    return sorted(float(line.split()[0]) for line in lines if line[:1].isdigit()), lines.count("left")
+
+
 def aborts(url: str) -> Counter[str]:
     """The server's ``lamina_request_aborts_total`` by reason."""
     samples = parse_metrics(httpx.get(f"{url}/metrics", timeout=30).text)
     return Counter({labels["reason"]: value for labels, value in samples.get("lamina_request_aborts_total", [])})
 
 
-def summarise(records: list[Record], duration_s: float, aborted: Counter[str], ttft_slo: float) -> dict[str, Any]:
+def summarise(records: list[Record], duration_s: float, aborted: Counter[str], ttft_slo: float,
+              probe_refused: list[float]) -> dict[str, Any]:
     ok = [r for r in records if r.ok]
     refused = sorted(r.error_s for r in records if r.code in REFUSED_AT_ARRIVAL and r.error_s is not None)
     ttfts = sorted(r.ttft for r in ok if r.ttft is not None)
@@ -86,13 +140,15 @@ def summarise(records: list[Record], duration_s: float, aborted: Counter[str], t
         "ttft_p50_s": percentile(ttfts, 50, presorted=True), "ttft_p99_s": percentile(ttfts, 99, presorted=True),
         "refused": len(refused),
         **{f"reject_p{q}_s": percentile(refused, q, presorted=True) for q in (50, 95, 99)},
+        "probe_refused": len(probe_refused),
+        **{f"probe_reject_p{q}_s": percentile(probe_refused, q, presorted=True) for q in (50, 95, 99)},
         "queue_timeouts": sum(r.code == "queue_timeout" for r in records),
         "other_5xx": sum((r.error or "").startswith("http_5") and r.error != "http_503" for r in records),
         "client_timeouts": sum(r.error == "timeout" for r in records),
         "errors": dict(Counter(r.error for r in records if not r.ok)),
         "server_aborts": dict(aborted),
         "aborted_work_share": begun / accepted if accepted else None,
-        "_ttfts": ttfts, "_refused": refused,
+        "_ttfts": ttfts, "_refused": refused, "_probe_refused": probe_refused,
     }
 
 
@@ -119,12 +175,15 @@ def measure(url: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
                                 output_len=args.max_tokens)
             print(f"{multiple:g}x capacity ({rate:.2f} requests/s), {arm}, {args.duration:g} s", file=sys.stderr)
             before = aborts(url)
+            prober = probed(url, model, args) if arm == "bounded" else None
             result = asyncio.run(run(arm_endpoint, requests, Load(kind="poisson", rate=rate), seed=args.seed + level,
                                      duration_s=args.duration))
+            probe_refused, probe_left = ([], 0) if prober is None else probe_results(prober)
             after = aborts(url)
             after.subtract(before)
+            after["client_gone"] -= probe_left  # the probe's own, not the load's
             runs.append({"multiple": multiple, "rate_rps": rate, "arm": arm,
-                         **summarise(result.records, result.duration_s, +after, args.ttft_slo)})
+                         **summarise(result.records, result.duration_s, +after, args.ttft_slo, probe_refused)})
     return {"capacity_rps": capacity, "runs": runs}
 
 
@@ -135,14 +194,16 @@ def _ms(value: float | None) -> str:
 def rows(result: dict[str, Any]) -> list[list[str]]:
     return [[f"{r['multiple']:g}x", r["arm"], f"{r['goodput_rps']:.2f}", f"{r['output_tok_s']:.0f}",
              _ms(r["ttft_p50_s"]), _ms(r["ttft_p99_s"]), str(r["refused"]), _ms(r["reject_p50_s"]),
-             _ms(r["reject_p95_s"]), _ms(r["reject_p99_s"]), str(r["queue_timeouts"]), str(r["other_5xx"]),
+             _ms(r["reject_p95_s"]), _ms(r["reject_p99_s"]), str(r["probe_refused"]), _ms(r["probe_reject_p50_s"]),
+             _ms(r["probe_reject_p95_s"]), _ms(r["probe_reject_p99_s"]), str(r["queue_timeouts"]), str(r["other_5xx"]),
              str(r["client_timeouts"]),
              "-" if r["aborted_work_share"] is None else f"{r['aborted_work_share']:.1%}"]
             for r in result["runs"]]
 
 
 HEADER = ["load", "arm", "goodput/s", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "refused", "reject p50 ms",
-          "reject p95 ms", "reject p99 ms", "queue timeouts", "other 5xx", "client timeouts", "aborted work"]
+          "reject p95 ms", "reject p99 ms", "probe refused", "probe p50 ms", "probe p95 ms", "probe p99 ms",
+          "queue timeouts", "other 5xx", "client timeouts", "aborted work"]
 
 
 def write_html(result: dict[str, Any], path: Path) -> None:
@@ -150,7 +211,9 @@ def write_html(result: dict[str, Any], path: Path) -> None:
     for multiple in result["config"]["multiples"]:
         runs = [r for r in result["runs"] if r["multiple"] == multiple]
         plots.append(cdf_svg({r["arm"]: r["_ttfts"] for r in runs}, f"accepted TTFT, {multiple:g}x capacity"))
-        plots.append(cdf_svg({r["arm"]: r["_refused"] for r in runs}, f"rejection latency, {multiple:g}x capacity"))
+        plots.append(cdf_svg({**{r["arm"]: r["_refused"] for r in runs},
+                              **{f"{r['arm']} (probe)": r["_probe_refused"] for r in runs if r["_probe_refused"]}},
+                             f"rejection latency, {multiple:g}x capacity"))
     body = (f"<p>capacity {result['capacity_rps']:.2f} requests/s; config "
             f"<code>{json.dumps(result['config'])}</code></p>" + table(HEADER, rows(result))
             + f'<div class="plots">{"".join(plots)}</div>')
@@ -170,8 +233,15 @@ def main() -> None:
     parser.add_argument("--queue-wait", type=float, default=5.0, help="the bounded arm's X-Lamina-Max-Queue-Wait")
     parser.add_argument("--client-timeout", type=float, default=30.0, help="a client's patience, seconds")
     parser.add_argument("--ttft-slo", type=float, default=2.0, help="TTFT a request must meet to count as goodput")
+    parser.add_argument("--probe-interval", type=float, default=0.25,
+                        help="seconds between the rejection probe's requests in the bounded arm")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--probe-child", nargs=4, metavar=("URL", "MODEL", "WAIT", "INTERVAL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.probe_child:
+        url, model, wait, interval = args.probe_child
+        probe(url, model, float(wait), float(interval))
+        return
     args.duration = args.duration or (20.0 if args.quick else 60.0)
     args.max_tokens = args.max_tokens or (32 if args.quick else 64)
     with tempfile.TemporaryDirectory() as tmp:
@@ -183,7 +253,7 @@ def main() -> None:
         with StackServer(stack) as server:
             model = asyncio.run(discover_model(server.url))
             result = measure(server.url, model, args)
-    result["config"] = {key: value for key, value in vars(args).items() if key not in ("json", "html")}
+    result["config"] = {key: value for key, value in vars(args).items() if key not in ("json", "html", "probe_child")}
     result["config"]["stack"] = args.stack or "default"
     print(f"capacity {result['capacity_rps']:.2f} requests/s (closed loop, {args.concurrency} in flight)")
     widths = [max(len(h), *(len(row[i]) for row in rows(result))) for i, h in enumerate(HEADER)]
@@ -194,7 +264,7 @@ def main() -> None:
         print(f"wrote {args.html}", file=sys.stderr)
     if args.json:
         for r in result["runs"]:
-            del r["_ttfts"], r["_refused"]
+            del r["_ttfts"], r["_refused"], r["_probe_refused"]
         print(json.dumps(result))
 
 
