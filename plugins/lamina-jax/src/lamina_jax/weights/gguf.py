@@ -182,7 +182,7 @@ def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, arch: str = "ll
 
     vocab_shape = (config.vocab_size, config.dim)
     embed = load("embed", "token_embd.weight", vocab_shape)
-    layers = tuple(
+    decoder = tuple(
         LayerParams(
             attn_norm=load("attn_norm", f"blk.{i}.attn_norm.weight", shapes["attn_norm"]),
             wq=load("wq", f"blk.{i}.attn_q.weight", shapes["attn_q"], config.n_heads),
@@ -199,7 +199,7 @@ def load_params(reader: gguf.GGUFReader, config: LlamaConfig, *, arch: str = "ll
     )
     norm = load("norm", "output_norm.weight", (config.dim,))
     lm_head = None if tied else load("lm_head", "output.weight", vocab_shape)
-    return weight_formats.with_head(LlamaParams(embed=embed, layers=layers, norm=norm, lm_head=lm_head), dtype)
+    return weight_formats.with_head(LlamaParams(embed=embed, layers=decoder, norm=norm, lm_head=lm_head), dtype)
 
 
 def in_blocks(reader: gguf.GGUFReader) -> bool:

@@ -158,6 +158,7 @@ def load_params(directory: Path, config: LlamaConfig, hf_config: Mapping[str, An
         expected |= {f"model.layers.{i}.{name}": (f"{i}.{field}", shape) for name, (field, shape) in
                      layer_shapes.items()}
     loaded: dict[str, Weight] = {}
+
     def keep(name: str) -> bool:  # every tensor of a whole load, so that an unexpected one is refused
         layer = _layer(name)
         return layers is None or layer is None or layer < n_layers
@@ -178,7 +179,7 @@ def load_params(directory: Path, config: LlamaConfig, hf_config: Mapping[str, An
     missing = [name for name, (field, _) in expected.items() if field not in loaded]
     if missing:
         raise ValueError(f"{directory}: missing tensors {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}")
-    layers = tuple(LayerParams(**{field: loaded[f"{i}.{field}"] for field, _ in layer_shapes.values()})
-                   for i in range(n_layers))
-    return weight_formats.with_head(LlamaParams(embed=loaded["embed"], layers=layers, norm=loaded["norm"],
+    decoder = tuple(LayerParams(**{field: loaded[f"{i}.{field}"] for field, _ in layer_shapes.values()})
+                    for i in range(n_layers))
+    return weight_formats.with_head(LlamaParams(embed=loaded["embed"], layers=decoder, norm=loaded["norm"],
                                                 lm_head=loaded.get("lm_head")), dtype)
