@@ -145,8 +145,12 @@ def test_a_probe_reads_the_first_layers_and_the_head_only(family: str, fmt: str)
 def test_only_a_gguf_of_q4_1_matrices_and_a_q8_0_head_is_stored_in_blocks() -> None:
     from lamina_jax.weights.gguf import smollm2_path
 
-    assert open_model(smollm2_path()).in_blocks
     assert not any(open_model(path_of(family, fmt)).in_blocks for family, fmt in CASES)
+    try:
+        smollm2 = smollm2_path()
+    except FileNotFoundError as error:
+        pytest.skip(str(error))
+    assert open_model(smollm2).in_blocks
 
 
 @pytest.mark.parametrize("devices", device_counts(1, 2, 4))
