@@ -95,10 +95,12 @@ def probe(url: str, model: str, queue_wait: float, interval: float) -> None:
             connection.request("POST", "/v1/chat/completions", body, headers)
             response = connection.getresponse()
             answer = response.read()
-        except TimeoutError:
-            print("left", flush=True)
-            connection.close()
+        except (TimeoutError, http.client.HTTPException, ConnectionError) as error:
+            if isinstance(error, TimeoutError):
+                print("left", flush=True)
+            connection.close()  # a connection the server closed, or one left: the next request opens another
             connection = None
+            time.sleep(max(0.0, interval - (time.perf_counter() - started)))
             continue
         seconds = time.perf_counter() - started
         if response.status == 503:
