@@ -47,6 +47,11 @@ RATE_HALF_LIFE_S = 5.0
 MAX_LINE_CHARS = 1 << 20
 """Longest stream line accepted from the upstream."""
 
+CLOSES_AFTER_STREAM: frozenset[Engine] = frozenset({"llama-server"})
+"""Engines that close a connection once they have streamed a response over it (llama-server, while
+still announcing keep-alive). A stream to one asks for ``Connection: close``: pooled, its connection
+would be reused before the close arrived, and that request fail with nothing sent."""
+
 _CLIENT_ERRORS: dict[int, type[LaminaError]] = {400: InvalidRequestError, 404: NotFoundError,
                                                 413: PayloadTooLargeError, 422: InvalidRequestError,
                                                 429: RateLimitError, 504: RequestTimeoutError}
@@ -175,9 +180,11 @@ class UpstreamExecutor:
         self._streams[stream_key] = total
         try:
             await self._enter(request)
+            headers = {"Content-Type": "application/json"}
+            if self.engine in CLOSES_AFTER_STREAM:
+                headers["Connection"] = "close"
             try:
-                async with self._client.stream("POST", path, content=orjson.dumps(body),
-                                               headers={"Content-Type": "application/json"}) as response:
+                async with self._client.stream("POST", path, content=orjson.dumps(body), headers=headers) as response:
                     if response.status_code != 200:
                         await response.aread()
                         raise _http_error(response, self.options.url)
@@ -191,7 +198,7 @@ class UpstreamExecutor:
                             self._generated += reader.emitted - chunk.index
                             self._streams[stream_key] = max(budget - reader.emitted, 0)
                             yield chunk
-                yield reader.final()  # the response is closed by now: its connection is back in the pool
+                yield reader.final()  # the response is closed by now: its connection is back in the pool (or shut)
             except httpx.ReadTimeout:
                 raise RequestTimeoutError(f"upstream {self.options.url} sent nothing for "
                                           f"{self.options.read_timeout_s:g} s") from None

@@ -22,11 +22,13 @@ from lamina.tools.bench.workloads import BenchRequest, make_workload
 
 @dataclass(frozen=True)
 class Target:
-    """An endpoint to benchmark: its label and base URL (``stack`` when the bench started it)."""
+    """An endpoint to benchmark: its label and base URL (``stack`` when the bench started it), and body
+    fields sent to it alone (over the config's ``extra_body``)."""
 
     label: str
     url: str
     stack: str | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,7 +88,8 @@ async def _bench(config: BenchConfig) -> dict[str, Any]:
     for target in config.targets:
         model = config.model or await discover_model(target.url, config.api_key)
         endpoints[target.label] = Endpoint(url=target.url, model=model, api=config.api, api_key=config.api_key,
-                                           ignore_eos=config.ignore_eos, extra_body=config.extra_body,
+                                           ignore_eos=config.ignore_eos,
+                                           extra_body={**config.extra_body, **target.extra_body},
                                            timeout_s=config.timeout_s)
     bar = None
     if config.progress:
