@@ -66,6 +66,15 @@ def test_open_loop_and_errors_counted(live) -> None:
     assert dead["levels"][0]["summaries"]["a"]["errors"] == {"connect": 2}
 
 
+def test_a_targets_extra_body_goes_to_it_alone_over_the_configs(live) -> None:
+    server = live(echo(0.001))
+    result = run_bench(BenchConfig(targets=[Target("config", server.url), Target("own", server.url, extra_body={"max_tokens": 2})],
+                                   workload_options={"input_len": 4, "output_len": 6}, num_requests=4, warmup=0,
+                                   extra_body={"max_tokens": 3}, progress=False))
+    summaries = result["levels"][0]["summaries"]
+    assert summaries["config"]["output_tokens_per_request"] == 3 and summaries["own"]["output_tokens_per_request"] == 2
+
+
 def test_ab_ratio_reflects_token_delay(live, tmp_path) -> None:
     fast, slow = live(echo(0.01)), live(echo(0.03))
     parser = argparse.ArgumentParser(prog="lamina")
