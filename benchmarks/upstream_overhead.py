@@ -16,7 +16,8 @@ and TTFT and inter-token latency p50/p99 of each with what Lamina adds (the aim:
 Since both arms send the same requests, "TTFT paired" is also the median over requests of each
 one's TTFT via Lamina minus its TTFT direct: prompt lengths and the machine's drift then weigh less
 than in the difference of two p50s. Under load both are dominated by llama-server's queue, so the
-hop's own TTFT is measured first, alone: ``--pairs`` short chats (4 words, 8 new tokens) sent one
+hop's own TTFT is measured first, alone: ``--pairs`` completions of 4 words and 1 new token (no chat
+template, so llama-server's own time, and its jitter, stays small beside the hop's) sent one
 at a time, each to both arms back to back (the order alternating), from one client's connection
 pool (llama-server closes a connection after each stream, so the direct arm asks for that, as
 ``openai-upstream`` does, and both connect anew each time);
@@ -63,13 +64,13 @@ max_in_flight = {slots}
 """
 
 
-def upstream_sampling() -> dict[str, Any]:
-    """The fields ``openai-upstream`` adds to a greedy chat it sends llama-server, beyond what the
-    benchmark client sends itself."""
+def upstream_sampling(*, chat: bool = True) -> dict[str, Any]:
+    """The fields ``openai-upstream`` adds to a greedy chat (or completion) it sends llama-server,
+    beyond what the benchmark client sends itself."""
     request = Request(id="probe", model="m", sampling=SamplingParams(temperature=0.0),
-                      messages=(ChatMessage(role="user", content="hi"),))
+                      **({"messages": (ChatMessage(role="user", content="hi"),)} if chat else {"prompt": "hi"}))
     _, body = upstream_call(request, "m", "llama-server")
-    client_sends = {"model", "messages", "stream", "stream_options", "temperature", "max_tokens"}
+    client_sends = {"model", "messages", "prompt", "stream", "stream_options", "temperature", "max_tokens"}
     return {key: value for key, value in body.items() if key not in client_sends}
 
 
@@ -88,15 +89,15 @@ def paired_ttft_ms(records: list[dict[str, Any]]) -> float | None:
 
 
 async def hop_ttft(direct_url: str, front_url: str, pairs: int, seed: int) -> dict[str, Any]:
-    """TTFT direct and via Lamina for ``pairs`` short chats, each sent to both back to back, one at a
-    time (the first of a pair alternating); the per-pair differences' median and quartiles (ms)."""
+    """TTFT direct and via Lamina for ``pairs`` short completions, each sent to both back to back, one
+    at a time (the first of a pair alternating); the per-pair differences' median and quartiles (ms)."""
     model = await discover_model(direct_url)
-    endpoints = {DIRECT: Endpoint(url=direct_url, model=model, api="chat", extra_body=upstream_sampling(),
+    endpoints = {DIRECT: Endpoint(url=direct_url, model=model, extra_body=upstream_sampling(chat=False),
                                   extra_headers={"Connection": "close"}),  # as openai-upstream sends it
-                 LAMINA: Endpoint(url=front_url, model=await discover_model(front_url), api="chat")}
+                 LAMINA: Endpoint(url=front_url, model=await discover_model(front_url))}
     ttft: dict[str, list[float]] = {DIRECT: [], LAMINA: []}
     async with httpx.AsyncClient(timeout=None) as client:
-        for i, request in enumerate(fixed(pairs + 2, input_len=4, output_len=8, seed=seed)):
+        for i, request in enumerate(fixed(pairs + 2, input_len=4, output_len=1, seed=seed)):
             for arm in (DIRECT, LAMINA) if i % 2 == 0 else (LAMINA, DIRECT):
                 record = await send(client, endpoints[arm], request, Record(index=i, target=arm))
                 if not record.ok or record.ttft is None:
@@ -163,7 +164,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (ignore_eos)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server -t and -tb")
     parser.add_argument("--pairs", type=int, default=0,
-                        help="short chats for the hop's TTFT alone (default 200; --quick 60)")
+                        help="short completions for the hop's TTFT alone (default 200; --quick 60)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="fewer requests and rounds")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
@@ -186,7 +187,7 @@ def main() -> None:
         stack.write_text(FRONT_STACK.format(url=llama.url, slots=slots), encoding="utf-8")
         with StackServer(stack, ready_timeout_s=120) as front:
             pairs = args.pairs or (60 if args.quick else 200)
-            print(f"the hop alone: {pairs} pairs of short chats", file=sys.stderr)
+            print(f"the hop alone: {pairs} pairs of short completions", file=sys.stderr)
             hop = asyncio.run(hop_ttft(llama.url, front.url, pairs, args.seed))
             for c in levels:
                 print(f"concurrency {c}: {per(c)} requests per arm in {rounds} rounds", file=sys.stderr)

@@ -1,18 +1,21 @@
-"""The upstream's wire formats without a server: request bodies per engine, stream events
-(Lamina's, vLLM's and llama-server's shapes, taken from their sources), error responses and
-load figures."""
+"""The upstream's wire formats without a server: request bodies per engine, server-sent events read
+across blocks, stream events (Lamina's, vLLM's and llama-server's shapes, taken from their sources),
+error responses and load figures."""
 
 from __future__ import annotations
 
-import httpx
+import asyncio
+from collections.abc import AsyncIterator
+
 import attrs
+import orjson
 import pytest
 from lamina_hookspecs.errors import (
     BackendLostError, ConfigError, InternalError, InvalidRequestError, RateLimitError, ServiceUnavailableError,
 )
 from lamina_hookspecs.types import ChatMessage, Request, SamplingParams, StructuredOutput
 
-from lamina_upstream.executor import _http_error
+from lamina_upstream.executor import MAX_LINE_BYTES, _Answer, _event_data, _http_error
 from lamina_upstream.options import UpstreamOptions
 from lamina_upstream.upstream_body import CHAT_PATH, COMPLETION_PATH, upstream_call
 from lamina_upstream.upstream_load import load_from_metrics, load_from_slots
@@ -197,8 +200,8 @@ def test_stream_errors_and_cut_streams_are_lamina_errors() -> None:
         stream.final()
 
 
-def _response(status: int, body: object, headers: dict[str, str] | None = None) -> httpx.Response:
-    return httpx.Response(status, json=body, headers=headers)
+def _response(status: int, body: object, retry_after: str | None = None) -> _Answer:
+    return _Answer(status, orjson.dumps(body), retry_after)
 
 
 def test_http_errors_keep_their_class_message_and_retry_hint() -> None:
@@ -206,10 +209,10 @@ def test_http_errors_keep_their_class_message_and_retry_hint() -> None:
                                                 "code": "context_length_exceeded"}}), "u")
     assert type(bad) is InvalidRequestError and bad.message == "max_tokens is too big"
     assert (bad.param, bad.code) == ("max_tokens", "context_length_exceeded")
-    limited = _http_error(_response(429, {"error": {"message": "slow down"}}, {"Retry-After": "3"}), "u")
+    limited = _http_error(_response(429, {"error": {"message": "slow down"}}, "3"), "u")
     assert isinstance(limited, RateLimitError) and limited.retry_after == 3.0
     assert isinstance(_http_error(_response(503, {"error": {"message": "loading"}}), "u"), BackendLostError)
-    assert isinstance(_http_error(httpx.Response(500, text="oops"), "u"), BackendLostError)
+    assert isinstance(_http_error(_Answer(500, b"oops", None), "u"), BackendLostError)
     denied = _http_error(_response(401, {"error": {"message": "bad key"}}), "u")
     assert isinstance(denied, InternalError) and "credentials" in denied.message
 
@@ -283,3 +286,34 @@ def test_tokenize_bodies_follow_each_engine() -> None:
     for payload in ({}, {"tokens": "12"}, {"tokens": [1, "2"]}):
         with pytest.raises(BackendLostError):
             answer(payload, "tokens", list, "u")
+
+
+class _Body:
+    """A response body that arrives in the given blocks, as aiohttp's ``StreamReader`` yields them."""
+
+    def __init__(self, *blocks: bytes) -> None:
+        self.blocks = blocks
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        for block in self.blocks:
+            yield block
+
+
+def _events(*blocks: bytes) -> list[bytes]:
+    async def collect() -> list[bytes]:
+        return [data async for data in _event_data(_Body(*blocks))]  # type: ignore[arg-type]
+    return asyncio.run(collect())
+
+
+def test_events_are_read_across_blocks_with_either_line_end() -> None:
+    assert _events(b'data: {"a": 1}\r\n\r\nda', b"ta: [DO", b"NE]\n\n") == [b'{"a": 1}', b"[DONE]"]
+    assert _events(b"event: x\ndata: one\ndata:two\n\n: comment\n\ndata: end") == [b"one\ntwo", b"end"]
+    assert _events(b"data: a\r", b"\ndata: b\r\n\r\n") == [b"a\nb"]
+
+
+def test_a_stream_line_past_the_limit_is_a_lost_backend() -> None:
+    long = b"data: " + b"x" * MAX_LINE_BYTES
+    with pytest.raises(BackendLostError, match="stream line"):
+        _events(long[:1000], long[1000:])
+    with pytest.raises(BackendLostError, match="stream line"):
+        _events(long + b"\n\n")

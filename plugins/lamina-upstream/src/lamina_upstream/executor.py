@@ -24,7 +24,8 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-import httpx
+import aiohttp
+import attrs
 import orjson
 
 from lamina_hookspecs.errors import (
@@ -44,13 +45,28 @@ KV_SCALE = 1000
 """An upstream reports KV usage as a fraction; ``state()`` gives it as blocks out of this many."""
 RATE_HALF_LIFE_S = 5.0
 """Half-life of the moving average behind ``state().tokens_per_s``."""
-MAX_LINE_CHARS = 1 << 20
+MAX_LINE_BYTES = 1 << 20
 """Longest stream line accepted from the upstream."""
 
 CLOSES_AFTER_STREAM: frozenset[Engine] = frozenset({"llama-server"})
 """Engines that close a connection once they have streamed a response over it (llama-server, while
-still announcing keep-alive). A stream to one asks for ``Connection: close``: pooled, its connection
-would be reused before the close arrived, and that request fail with nothing sent."""
+still announcing keep-alive). Every request to one asks for ``Connection: close`` and gets its own
+connection: pooled, a streamed-over connection would be reused before the close arrived, and that
+request fail with nothing sent."""
+
+_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
+"""What aiohttp raises for a connection refused, lost or timed out (``connect_timeout_s``, ``read_timeout_s``)."""
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+@attrs.frozen
+class _Answer:
+    """An upstream's whole answer to one request."""
+
+    status: int
+    body: bytes
+    retry_after: str | None
+
 
 _CLIENT_ERRORS: dict[int, type[LaminaError]] = {400: InvalidRequestError, 404: NotFoundError,
                                                 413: PayloadTooLargeError, 422: InvalidRequestError,
@@ -66,7 +82,7 @@ class UpstreamExecutor:
                                context_length=options.context_length or 1)
         self.engine: Engine | None = None if options.engine == "auto" else options.engine
         self._upstream_model = options.model
-        self._client: httpx.AsyncClient | None = None
+        self._session: aiohttp.ClientSession | None = None
         self._gate = asyncio.Semaphore(options.max_in_flight)
         self._waiting = 0
         self._streams: dict[object, int] = {}  # per request sent or waiting: its tokens still to come
@@ -80,21 +96,14 @@ class UpstreamExecutor:
 
     async def start(self) -> None:
         """Connect, find the model and the engine, wait until the upstream is healthy, start polling."""
-        headers = {}
-        if self.options.api_key_env:
-            key = os.environ.get(self.options.api_key_env)
-            if not key:
-                raise ConfigError("api_key_env", f"environment variable {self.options.api_key_env} is not set")
-            headers["Authorization"] = f"Bearer {key}"
-        timeout = httpx.Timeout(self.options.read_timeout_s, connect=self.options.connect_timeout_s,
-                                pool=self.options.connect_timeout_s)
-        limit = self.options.max_in_flight + 4  # the poller's requests beside every stream
-        self._client = httpx.AsyncClient(base_url=self.options.url, headers=headers, timeout=timeout,
-                                         limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit))
+        self._session = self._open_session(force_close=self.engine in CLOSES_AFTER_STREAM)
         deadline = time.monotonic() + self.options.start_timeout_s
         entry = await self._model_entry(deadline)
         if self.engine is None:
             self.engine = OWNED_BY.get(str(entry.get("owned_by")), "generic")
+            if self.engine in CLOSES_AFTER_STREAM:
+                await self._session.close()
+                self._session = self._open_session(force_close=True)
         self._upstream_model = str(entry["id"])
         self.model = ModelInfo(id=self.options.served_name or self._upstream_model,
                                context_length=self.options.context_length or await self._context_length(entry))
@@ -105,14 +114,28 @@ class UpstreamExecutor:
             await asyncio.sleep(self.options.poll_interval_s)
         self._poller = asyncio.create_task(self._poll(), name=f"upstream-poll {self.options.url}")
 
+    def _open_session(self, *, force_close: bool) -> aiohttp.ClientSession:
+        headers = {}
+        if self.options.api_key_env:
+            key = os.environ.get(self.options.api_key_env)
+            if not key:
+                raise ConfigError("api_key_env", f"environment variable {self.options.api_key_env} is not set")
+            headers["Authorization"] = f"Bearer {key}"
+        # connect: a place in the pool and the connection; sock_read: the silence allowed between reads
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.options.connect_timeout_s,
+                                        sock_read=self.options.read_timeout_s)
+        connector = aiohttp.TCPConnector(limit=self.options.max_in_flight + 4,  # the poller's beside every stream
+                                         force_close=force_close)
+        return aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector)
+
     async def stop(self) -> None:
         """Stop polling and close every connection (streams still open end as lost)."""
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
-        if self._client is not None:
-            await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     def state(self) -> BackendState:
         load, kv = self._load, self._load.kv_usage
@@ -155,24 +178,29 @@ class UpstreamExecutor:
         return engine
 
     def _started(self) -> Engine:
-        if self._client is None or self.engine is None:
+        if self._session is None or self.engine is None:
             raise BackendLostError(f"upstream {self.options.url} is not started")
         return self.engine
 
+    async def _fetch(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> _Answer:
+        """One whole request to the upstream (its connection errors raised as aiohttp's)."""
+        assert self._session is not None
+        data, headers = (None, None) if body is None else (orjson.dumps(body), _JSON_HEADERS)
+        async with self._session.request(method, self.options.url + path, data=data, headers=headers) as response:
+            return _Answer(response.status, await response.read(), response.headers.get("Retry-After"))
+
     async def _post(self, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
         """POST ``body`` to the upstream and return its JSON answer; its errors as Lamina's."""
-        assert self._client is not None
         try:
-            response = await self._client.post(path, content=orjson.dumps(body),
-                                               headers={"Content-Type": "application/json"})
-        except httpx.TransportError as exc:
-            raise BackendLostError(f"upstream {self.options.url} was lost: {type(exc).__name__}: {exc}") from None
-        if response.status_code != 200:
-            raise _http_error(response, self.options.url)
-        return _json(response.text)
+            answer = await self._fetch("POST", path, body)
+        except _TRANSPORT_ERRORS as exc:
+            raise _lost(self.options.url, exc) from None
+        if answer.status != 200:
+            raise _http_error(answer, self.options.url)
+        return _json(answer.body)
 
     async def _stream(self, request: Request, path: str, body: Mapping[str, Any]) -> AsyncIterator[TokenChunk]:
-        assert self._client is not None
+        assert self._session is not None
         prompt = request.estimated_prompt_tokens()
         total = request.estimated_tokens(self.model.context_length)
         budget = total - prompt
@@ -180,18 +208,16 @@ class UpstreamExecutor:
         self._streams[stream_key] = total
         try:
             await self._enter(request)
-            headers = {"Content-Type": "application/json"}
-            if self.engine in CLOSES_AFTER_STREAM:
-                headers["Connection"] = "close"
             try:
-                async with self._client.stream("POST", path, content=orjson.dumps(body), headers=headers) as response:
-                    if response.status_code != 200:
-                        await response.aread()
-                        raise _http_error(response, self.options.url)
+                async with self._session.post(self.options.url + path, data=orjson.dumps(body),
+                                              headers=_JSON_HEADERS) as response:
+                    if response.status != 200:
+                        answer = _Answer(response.status, await response.read(), response.headers.get("Retry-After"))
+                        raise _http_error(answer, self.options.url)
                     reader = UpstreamStream(request.id, chat=path == CHAT_PATH, logprobs=request.sampling.logprobs,
                                             prompt_tokens=prompt, text_only=self.engine == "generic")
-                    async for data in _event_data(response):
-                        if data == "[DONE]":  # read on to the body's end, so the connection can be reused
+                    async for data in _event_data(response.content):
+                        if data == b"[DONE]":  # read on to the body's end, so the connection can be reused
                             continue
                         chunk = reader.event(_json(data))
                         if chunk is not None:
@@ -199,11 +225,11 @@ class UpstreamExecutor:
                             self._streams[stream_key] = max(budget - reader.emitted, 0)
                             yield chunk
                 yield reader.final()  # the response is closed by now: its connection is back in the pool (or shut)
-            except httpx.ReadTimeout:
+            except aiohttp.SocketTimeoutError:
                 raise RequestTimeoutError(f"upstream {self.options.url} sent nothing for "
                                           f"{self.options.read_timeout_s:g} s") from None
-            except httpx.TransportError as exc:
-                raise BackendLostError(f"upstream {self.options.url} was lost: {type(exc).__name__}: {exc}") from None
+            except _TRANSPORT_ERRORS as exc:
+                raise _lost(self.options.url, exc) from None
             finally:
                 self._gate.release()
         finally:
@@ -228,19 +254,18 @@ class UpstreamExecutor:
 
     async def _model_entry(self, deadline: float) -> Mapping[str, Any]:
         """The upstream's ``/v1/models`` entry for the model to request, retried until ``deadline``."""
-        assert self._client is not None
         while True:
             try:
-                response = await self._client.get("/v1/models")
-                if response.status_code == 200:
+                answer = await self._fetch("GET", "/v1/models")
+                if answer.status == 200:
                     break
-                problem = f"answered {response.status_code}"
-            except httpx.TransportError as exc:
+                problem = f"answered {answer.status}"
+            except _TRANSPORT_ERRORS as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             if time.monotonic() > deadline:
                 raise BackendLostError(f"upstream {self.options.url}/v1/models {problem}")
             await asyncio.sleep(self.options.poll_interval_s)
-        entries = [e for e in response.json().get("data", []) if isinstance(e, Mapping) and "id" in e]
+        entries = [e for e in _json(answer.body).get("data", []) if isinstance(e, Mapping) and "id" in e]
         if not entries:
             raise ConfigError("url", f"{self.options.url}/v1/models lists no model")
         if not self.options.model:
@@ -254,12 +279,10 @@ class UpstreamExecutor:
     async def _context_length(self, entry: Mapping[str, Any]) -> int:
         """The context the upstream allows per request: vLLM's and Lamina's ``max_model_len``, the
         slot context in llama-server's ``/props``."""
-        assert self._client is not None
         if isinstance(entry.get("max_model_len"), int):
             return entry["max_model_len"]
         if self.engine == "llama-server":
-            response = await self._client.get("/props")
-            n_ctx = response.json().get("default_generation_settings", {}).get("n_ctx")
+            n_ctx = _json((await self._fetch("GET", "/props")).body).get("default_generation_settings", {}).get("n_ctx")
             if isinstance(n_ctx, int) and n_ctx > 0:
                 return n_ctx
         raise ConfigError("context_length", f"{self.options.url} does not report its context length; set it")
@@ -276,19 +299,19 @@ class UpstreamExecutor:
 
     async def _poll_once(self) -> bool:
         """Read the upstream's health and load; return whether it is healthy."""
-        assert self._client is not None and self.engine is not None
+        assert self.engine is not None
         try:
-            health = await self._client.get(HEALTH_PATH[self.engine])
-            self._healthy = health.status_code == 200
+            health = await self._fetch("GET", HEALTH_PATH[self.engine])
+            self._healthy = health.status == 200
             if self.engine == "generic":  # reports no load Lamina can read
                 return self._healthy
-            response = await self._client.get(self._load_path)
-            if response.status_code == 200:
-                self._observe(load_from_metrics(response.text, self.engine) if self._load_path == "/metrics"
-                              else load_from_slots(response.json()))
+            answer = await self._fetch("GET", self._load_path)
+            if answer.status == 200:
+                self._observe(load_from_metrics(answer.body.decode(), self.engine) if self._load_path == "/metrics"
+                              else load_from_slots(orjson.loads(answer.body)))
             elif self._load_path == "/metrics" and self.engine == "llama-server":
                 self._load_path = "/slots"  # llama-server without --metrics: read its slots from now on
-        except (httpx.HTTPError, ValueError):
+        except (*_TRANSPORT_ERRORS, ValueError):
             self._healthy = False
         return self._healthy
 
@@ -299,23 +322,30 @@ class UpstreamExecutor:
         self._others = max(load.running + load.waiting - (len(self._streams) - self._waiting), 0)
 
 
-async def _event_data(response: httpx.Response) -> AsyncIterator[str]:
-    """The ``data`` of each server-sent event of ``response``, joined per event."""
-    data: list[str] = []
-    async for line in response.aiter_lines():
-        if len(line) > MAX_LINE_CHARS:
-            raise BackendLostError(f"upstream sent a stream line of over {MAX_LINE_CHARS} characters")
-        if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
+async def _event_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """The ``data`` of each server-sent event of a response body, joined per event. Lines end in LF or
+    CRLF (every OpenAI-compatible server's; SSE's lone CR is not read as an end)."""
+    data: list[bytes] = []
+    pending = b""
+    async for block in content.iter_any():
+        *lines, pending = (pending + block).split(b"\n")
+        if len(pending) > MAX_LINE_BYTES or any(len(line) > MAX_LINE_BYTES for line in lines):
+            raise BackendLostError(f"upstream sent a stream line of over {MAX_LINE_BYTES} bytes")
+        for line in lines:
+            line = line.removesuffix(b"\r")
+            if not line:
+                if data:
+                    yield b"\n".join(data)
+                    data = []
+            elif line.startswith(b"data:"):
+                data.append(line[5:].removeprefix(b" "))
+    if pending.startswith(b"data:"):
+        data.append(pending[5:].removeprefix(b" "))
     if data:
-        yield "\n".join(data)
+        yield b"\n".join(data)
 
 
-def _json(data: str) -> Mapping[str, Any]:
+def _json(data: bytes) -> Mapping[str, Any]:
     try:
         payload = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -325,17 +355,22 @@ def _json(data: str) -> Mapping[str, Any]:
     return payload
 
 
-def _http_error(response: httpx.Response, url: str) -> LaminaError:
+def _lost(url: str, exc: BaseException) -> BackendLostError:
+    return BackendLostError(f"upstream {url} was lost: {type(exc).__name__}: {exc}")
+
+
+def _http_error(answer: _Answer, url: str) -> LaminaError:
     """The Lamina error an upstream's error response stands for."""
     try:
-        error = response.json().get("error") or {}
-    except ValueError:
+        error = orjson.loads(answer.body).get("error") or {}
+    except (ValueError, AttributeError):
         error = {}
     if not isinstance(error, Mapping):
         error = {"message": str(error)}
-    message = str(error.get("message") or response.text[:500] or f"HTTP {response.status_code}")
-    status = response.status_code
-    retry_after = _seconds(response.headers.get("Retry-After"))
+    text = answer.body[:500].decode(errors="replace")
+    message = str(error.get("message") or text or f"HTTP {answer.status}")
+    status = answer.status
+    retry_after = _seconds(answer.retry_after)
     if status in _CLIENT_ERRORS:
         param = error.get("param")
         return _CLIENT_ERRORS[status](message, param=str(param) if param is not None else None,
