@@ -254,7 +254,8 @@ def test_a_generic_upstream_serves_text_usage_and_stc_without_token_ids(
     assert tokenize.status_code == 404 and tokenize.json()["error"]["code"] == TokenizerNotAvailableError.CODE
 
 
-def test_an_upstream_of_unknown_owner_is_read_as_generic(echo_upstream: StackServer) -> None:
+def test_an_upstream_is_known_by_its_owner_and_one_of_unknown_owner_is_read_as_generic(
+        echo_upstream: StackServer) -> None:
     executor = UpstreamExecutor(UpstreamOptions(url=echo_upstream.url, poll_interval_s=0.1))
 
     async def engine(owned_by: str) -> str | None:
@@ -271,5 +272,6 @@ def test_an_upstream_of_unknown_owner_is_read_as_generic(echo_upstream: StackSer
         finally:
             await executor.stop()
 
-    assert asyncio.run(engine("sglang")) == "generic"
+    assert asyncio.run(engine("sglang")) == "sglang"
     assert asyncio.run(engine("lamina")) == "lamina"
+    assert asyncio.run(engine("meta-llama/Llama-3.1-8B-Instruct")) == "generic"  # TGI's owner is its model

@@ -16,7 +16,7 @@ from lamina_hookspecs.errors import (
 from lamina_hookspecs.types import ChatMessage, Request, SamplingParams, StructuredOutput
 
 from lamina_upstream.executor import MAX_LINE_BYTES, _Answer, _event_data, _http_error
-from lamina_upstream.options import UpstreamOptions
+from lamina_upstream.options import TEXT_ONLY, Engine, UpstreamOptions
 from lamina_upstream.upstream_body import CHAT_PATH, COMPLETION_PATH, upstream_call
 from lamina_upstream.upstream_load import load_from_metrics, load_from_slots
 from lamina_upstream.upstream_stream import UpstreamStream
@@ -158,23 +158,25 @@ def test_a_stream_without_usage_estimates_the_prompt_and_counts_its_own_tokens()
     assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (10, 1)
 
 
-def test_a_generic_upstream_is_asked_for_text_and_refuses_what_needs_ids_or_a_nonstandard_constraint() -> None:
-    _, body = upstream_call(_chat(temperature=0.0, top_k=5), "m", "generic")
+@pytest.mark.parametrize("engine", sorted(TEXT_ONLY))
+def test_a_text_only_upstream_is_asked_for_text_and_refuses_what_needs_ids_or_a_nonstandard_constraint(
+        engine: Engine) -> None:
+    _, body = upstream_call(_chat(temperature=0.0, top_k=5), "m", engine)
     assert not {"return_token_ids", "post_sampling_probs", "logprobs", "top_logprobs"} & set(body)
     assert body["top_k"] == 5 and body["stream_options"] == {"include_usage": True}
     with pytest.raises(InvalidRequestError) as refused:
-        upstream_call(_chat(logprobs=True, top_logprobs=2), "m", "generic")
-    assert refused.value.param == "logprobs"
+        upstream_call(_chat(logprobs=True, top_logprobs=2), "m", engine)
+    assert refused.value.param == "logprobs" and engine in refused.value.message
     schema = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
-    _, structured = upstream_call(_chat(structured=StructuredOutput(kind="json", spec=schema)), "m", "generic")
+    _, structured = upstream_call(_chat(structured=StructuredOutput(kind="json", spec=schema)), "m", engine)
     assert structured["response_format"] == {"type": "json_schema", "json_schema": {
         "name": "response", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}, "strict": True}}
     assert "structured_outputs" not in structured
-    _, any_object = upstream_call(_chat(structured=StructuredOutput(kind="json_object", spec="")), "m", "generic")
+    _, any_object = upstream_call(_chat(structured=StructuredOutput(kind="json_object", spec="")), "m", engine)
     assert any_object["response_format"] == {"type": "json_object"}
     with pytest.raises(InvalidRequestError) as regex:
         upstream_call(_chat(structured=StructuredOutput(kind="regex", spec="a+", param="structured_outputs.regex")),
-                      "m", "generic")
+                      "m", engine)
     assert regex.value.param == "structured_outputs.regex"
 
 

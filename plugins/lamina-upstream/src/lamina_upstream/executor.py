@@ -1,5 +1,5 @@
-"""The ``openai-upstream`` executor: an OpenAI-compatible server (llama-server, vLLM, another
-Lamina, or any other as ``generic``) behind Lamina's admission, routing, A/B splits, canaries and SLOs.
+"""The ``openai-upstream`` executor: an OpenAI-compatible server (llama-server, vLLM, SGLang, TGI,
+another Lamina, or any other as ``generic``) behind Lamina's admission, routing, A/B splits, canaries and SLOs.
 
 ``generate`` streams the upstream's ``/v1/completions`` or ``/v1/chat/completions``
 (:mod:`lamina_upstream.upstream_body`) and turns its events into chunks
@@ -34,7 +34,7 @@ from lamina_hookspecs.errors import (
 )
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
-from lamina_upstream.options import OWNED_BY, Engine, UpstreamOptions
+from lamina_upstream.options import OWNED_BY, TEXT_ONLY, Engine, UpstreamOptions
 from lamina_upstream.upstream_body import CHAT_PATH, upstream_call
 from lamina_upstream.upstream_load import HEALTH_PATH, UpstreamLoad, load_from_metrics, load_from_slots
 from lamina_upstream.upstream_stream import UpstreamStream
@@ -172,9 +172,9 @@ class UpstreamExecutor:
 
     def _tokenizes(self) -> Engine:
         engine = self._started()
-        if engine == "generic":
-            raise TokenizerNotAvailableError(f"upstream {self.options.url} is a generic OpenAI-compatible server, "
-                                             "whose tokenizer Lamina cannot reach")
+        if engine in TEXT_ONLY:
+            raise TokenizerNotAvailableError(f"upstream {self.options.url} ({engine}) is read for text alone; "
+                                             "Lamina does not reach its tokenizer")
         return engine
 
     def _started(self) -> Engine:
@@ -215,7 +215,7 @@ class UpstreamExecutor:
                         answer = _Answer(response.status, await response.read(), response.headers.get("Retry-After"))
                         raise _http_error(answer, self.options.url)
                     reader = UpstreamStream(request.id, chat=path == CHAT_PATH, logprobs=request.sampling.logprobs,
-                                            prompt_tokens=prompt, text_only=self.engine == "generic")
+                                            prompt_tokens=prompt, text_only=self.engine in TEXT_ONLY)
                     async for data in _event_data(response.content):
                         if data == b"[DONE]":  # read on to the body's end, so the connection can be reused
                             continue
@@ -277,14 +277,18 @@ class UpstreamExecutor:
                                    f"{', '.join(str(e['id']) for e in entries)}")
 
     async def _context_length(self, entry: Mapping[str, Any]) -> int:
-        """The context the upstream allows per request: vLLM's and Lamina's ``max_model_len``, the
-        slot context in llama-server's ``/props``."""
+        """The context the upstream allows per request: the ``max_model_len`` of vLLM's, SGLang's and
+        Lamina's ``/v1/models``, the slot context in llama-server's ``/props``, ``max_total_tokens`` in
+        TGI's ``/info``."""
         if isinstance(entry.get("max_model_len"), int):
             return entry["max_model_len"]
+        n_ctx = None
         if self.engine == "llama-server":
             n_ctx = _json((await self._fetch("GET", "/props")).body).get("default_generation_settings", {}).get("n_ctx")
-            if isinstance(n_ctx, int) and n_ctx > 0:
-                return n_ctx
+        elif self.engine == "tgi":
+            n_ctx = _json((await self._fetch("GET", "/info")).body).get("max_total_tokens")
+        if isinstance(n_ctx, int) and n_ctx > 0:
+            return n_ctx
         raise ConfigError("context_length", f"{self.options.url} does not report its context length; set it")
 
     async def _poll(self) -> None:

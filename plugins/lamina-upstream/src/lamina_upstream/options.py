@@ -6,11 +6,15 @@ from typing import Literal
 
 import attrs
 
-Engine = Literal["lamina", "vllm", "llama-server", "generic"]
-ENGINES: tuple[Engine, ...] = ("lamina", "vllm", "llama-server", "generic")
-OWNED_BY: dict[str, Engine] = {"lamina": "lamina", "vllm": "vllm", "llamacpp": "llama-server"}
-"""``/v1/models`` ``owned_by`` values and the engine each names, for ``engine = "auto"``; any other
-is ``generic``: an OpenAI-compatible server (SGLang, TGI, a hosted API) read for text and usage only."""
+Engine = Literal["lamina", "vllm", "llama-server", "sglang", "tgi", "generic"]
+ENGINES: tuple[Engine, ...] = ("lamina", "vllm", "llama-server", "sglang", "tgi", "generic")
+OWNED_BY: dict[str, Engine] = {"lamina": "lamina", "vllm": "vllm", "llamacpp": "llama-server", "sglang": "sglang"}
+"""``/v1/models`` ``owned_by`` values and the engine each names, for ``engine = "auto"`` (TGI's is the
+model's id, so it is named in the stack file); any other is ``generic``: an OpenAI-compatible
+server (a hosted API, a proxy) read for text and usage only."""
+TEXT_ONLY: frozenset[Engine] = frozenset({"sglang", "tgi", "generic"})
+"""Engines read for text and usage alone: Lamina takes no token ids from their streams, and
+reaches no tokenizer of theirs."""
 
 
 def _url(instance: object, attribute: attrs.Attribute, value: str) -> None:
@@ -28,11 +32,12 @@ class UpstreamOptions:
         "help": "the upstream's model id to request (default: the first entry of its /v1/models)"})
     served_name: str = attrs.field(default="", metadata={
         "help": "the model id clients use here (default: the upstream's)"})
-    engine: Literal["auto", "lamina", "vllm", "llama-server", "generic"] = attrs.field(
+    engine: Literal["auto", "lamina", "vllm", "llama-server", "sglang", "tgi", "generic"] = attrs.field(
         default="auto", validator=attrs.validators.in_(("auto", *ENGINES)), metadata={
             "help": "what the upstream runs, which decides how token ids and load are read from it "
-                    "(auto: from the owned_by of its /v1/models; generic: any other OpenAI-compatible "
-                    "server, read for text and usage only)"})
+                    "(auto: from the owned_by of its /v1/models, which names every engine but tgi; "
+                    "sglang, tgi and generic, any other OpenAI-compatible server, are read for text "
+                    "and usage only)"})
     api_key_env: str = attrs.field(default="", metadata={
         "help": "environment variable holding the upstream's API key, sent as a bearer token"})
     context_length: int = attrs.field(default=0, validator=attrs.validators.ge(0), metadata={

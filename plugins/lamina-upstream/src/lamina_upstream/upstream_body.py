@@ -21,11 +21,11 @@ Structured output goes to Lamina and vLLM as ``structured_outputs``; llama-serve
 Schema as ``json_schema`` and a GBNF grammar as ``grammar``, and has no regex, choice or Lark
 constraint (a 400 naming the field).
 
-A ``generic`` upstream (SGLang, TGI, a hosted API) is asked for text alone: a request for
-logprobs gets a 400 (they would come without the ids Lamina's chunks carry); the other sampling
-fields go under vLLM's names, which SGLang shares (a server that refuses one answers a 400,
-passed on); structured output goes as OpenAI's ``response_format`` (a JSON Schema or any JSON
-object; other constraints get a 400).
+A text-only upstream (``sglang``, ``tgi``, ``generic``: :data:`~lamina_upstream.options.TEXT_ONLY`)
+is asked for text alone: a request for logprobs gets a 400 (they would come without the ids
+Lamina's chunks carry); the other sampling fields go under vLLM's names, which SGLang shares (a
+server that refuses one answers a 400, passed on); structured output goes as OpenAI's
+``response_format`` (a JSON Schema or any JSON object; other constraints get a 400).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any
 
 from lamina_hookspecs.errors import InvalidRequestError
 from lamina_hookspecs.types import Request, StructuredOutput
-from lamina_upstream.options import Engine
+from lamina_upstream.options import TEXT_ONLY, Engine
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETION_PATH = "/v1/completions"
@@ -91,9 +91,9 @@ def upstream_call(request: Request, model: str, engine: Engine) -> tuple[str, di
     if sampling.structured is not None:
         body.update(_structured(sampling.structured, engine))
     top = sampling.top_logprobs if sampling.logprobs else None
-    if top is not None and engine == "generic":
-        raise InvalidRequestError("logprobs are not supported by this model's upstream (a generic OpenAI-compatible "
-                                  "server, which gives no token ids)", param="logprobs")
+    if top is not None and engine in TEXT_ONLY:
+        raise InvalidRequestError(f"logprobs are not supported by this model's upstream ({engine}, read for text "
+                                  "alone, without token ids)", param="logprobs")
     if engine == "llama-server":
         greedy_ids_only = top is None and sampling.temperature == 0
         body["top_k"], body["min_p"] = 1 if greedy_ids_only else sampling.top_k, sampling.min_p
@@ -115,13 +115,13 @@ def upstream_call(request: Request, model: str, engine: Engine) -> tuple[str, di
 def _structured(structured: StructuredOutput, engine: Engine) -> dict[str, Any]:
     """The body fields that ask ``engine`` for ``structured``."""
     kind = structured.kind
-    if engine == "generic" and kind in ("json", "json_object"):
+    if engine in TEXT_ONLY and kind in ("json", "json_object"):
         return {"response_format": {"type": "json_schema", "json_schema": {
             "name": "response", "schema": json.loads(structured.spec), "strict": True}} if kind == "json"
             else {"type": "json_object"}}
-    if engine == "generic":
+    if engine in TEXT_ONLY:
         raise InvalidRequestError(f"{structured.param}: a {kind} constraint is not supported by this model's upstream "
-                                  "(a generic OpenAI-compatible server, which takes JSON Schemas)",
+                                  f"({engine}, asked for OpenAI's response_format, which takes JSON Schemas)",
                                   param=structured.param)
     if engine != "llama-server":
         value = {"json": lambda: json.loads(structured.spec), "json_object": lambda: True,

@@ -5,6 +5,8 @@
 | ``lamina`` | ``/ready`` | ``/metrics``: ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` (Lamina exports vLLM's names) | ``vllm:kv_cache_usage_perc`` |
 | ``vllm`` | ``/health`` | the same | the same (``vllm:gpu_cache_usage_perc`` before vLLM 0.10) |
 | ``llama-server`` | ``/health`` (503 while loading) | ``/metrics`` (``--metrics``): ``llamacpp:requests_processing``, ``llamacpp:requests_deferred``; without it ``/slots``: slots processing | not reported |
+| ``sglang`` | ``/health`` | ``/metrics`` (``--enable-metrics``): ``sglang:num_running_reqs``, ``sglang:num_queue_reqs`` | ``sglang:token_usage`` (its KV pool's tokens in use) |
+| ``tgi`` | ``/health`` | ``/metrics``: ``tgi_batch_current_size``, ``tgi_queue_size`` | not reported |
 | ``generic`` | ``/v1/models`` | not read (only what is in flight from here) | not reported |
 """
 
@@ -19,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from lamina_upstream.options import Engine
 
 HEALTH_PATH: dict[Engine, str] = {"lamina": "/ready", "vllm": "/health", "llama-server": "/health",
-                                  "generic": "/v1/models"}
+                                  "sglang": "/health", "tgi": "/health", "generic": "/v1/models"}
 
 _VLLM = {"running": ("vllm:num_requests_running",), "waiting": ("vllm:num_requests_waiting",),
          "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")}
@@ -27,6 +29,9 @@ _METRICS: dict[Engine, dict[str, tuple[str, ...]]] = {
     "lamina": _VLLM,
     "vllm": _VLLM,
     "llama-server": {"running": ("llamacpp:requests_processing",), "waiting": ("llamacpp:requests_deferred",)},
+    "sglang": {"running": ("sglang:num_running_reqs",), "waiting": ("sglang:num_queue_reqs",),
+               "kv_usage": ("sglang:token_usage",)},
+    "tgi": {"running": ("tgi_batch_current_size",), "waiting": ("tgi_queue_size",)},
 }
 
 

@@ -7,9 +7,9 @@ completions) and in the legacy completions format (``tokens`` / ``token_logprobs
 ``top_logprobs``), and passed on only when the client asked for them. The finish reason and
 usage come from the events that close the stream; the final chunk carries both.
 
-A ``generic`` upstream is read for its text alone (``text_only``): its chunks carry no ids,
-and each content event counts as one token (engines stream one token per event) where it
-reports no usage.
+A text-only upstream (SGLang, TGI, ``generic``) is read for its text alone (``text_only``): its
+chunks carry no ids, and each content event counts as one token (engines stream one token per
+event) where it reports no usage.
 
 An engine may hold a token's text back (a possible stop string, a split UTF-8 character) and
 send it later inside another token's event; such text arrives with that event's one id, or,
