@@ -54,6 +54,10 @@ still announcing keep-alive). Every request to one asks for ``Connection: close`
 connection: pooled, a streamed-over connection would be reused before the close arrived, and that
 request fail with nothing sent."""
 
+KEEPALIVE_S = 4.0
+"""How long an idle connection is kept for reuse: under the 5 s after which uvicorn (Lamina's and
+vLLM's server) closes one, so that none is reused just as the upstream closes it."""
+
 _TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
 """What aiohttp raises for a connection refused, lost or timed out (``connect_timeout_s``, ``read_timeout_s``)."""
 _JSON_HEADERS = {"Content-Type": "application/json"}
@@ -124,8 +128,8 @@ class UpstreamExecutor:
         # connect: a place in the pool and the connection; sock_read: the silence allowed between reads
         timeout = aiohttp.ClientTimeout(total=None, connect=self.options.connect_timeout_s,
                                         sock_read=self.options.read_timeout_s)
-        connector = aiohttp.TCPConnector(limit=self.options.max_in_flight + 4,  # the poller's beside every stream
-                                         force_close=force_close)
+        reuse: dict[str, Any] = {"force_close": True} if force_close else {"keepalive_timeout": KEEPALIVE_S}
+        connector = aiohttp.TCPConnector(limit=self.options.max_in_flight + 4, **reuse)  # the poller's beside streams
         return aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector)
 
     async def stop(self) -> None:
