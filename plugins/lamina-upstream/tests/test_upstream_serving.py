@@ -19,7 +19,7 @@ from lamina.testing.contracts import ExecutorContract
 from lamina.testing.streams import decode_stream
 from lamina_hookspecs import layers
 from lamina_hookspecs.registration import BuildContext
-from lamina_hookspecs.errors import ConfigError, ServiceUnavailableError, TokenizerNotAvailableError
+from lamina_hookspecs.errors import BackendLostError, ConfigError, ServiceUnavailableError, TokenizerNotAvailableError
 from lamina_hookspecs.types import Request, SamplingParams, StreamError, TokenChunk
 
 from lamina_upstream.executor import UpstreamExecutor
@@ -213,6 +213,13 @@ def test_a_missing_api_key_variable_is_a_config_error_naming_the_option() -> Non
     executor = UpstreamExecutor(UpstreamOptions(url="http://127.0.0.1:9", api_key_env="LAMINA_TEST_UNSET_KEY"))
     with pytest.raises(ConfigError, match="api_key_env: environment variable LAMINA_TEST_UNSET_KEY is not set"):
         asyncio.run(executor.start())
+
+
+def test_a_start_that_fails_closes_its_connections() -> None:
+    executor = UpstreamExecutor(UpstreamOptions(url="http://127.0.0.1:9", start_timeout_s=0.2, poll_interval_s=0.05))
+    with pytest.raises(BackendLostError, match="/v1/models"):
+        asyncio.run(executor.start())
+    assert executor._session is not None and executor._session.closed
 
 
 def test_finished_streams_give_their_connections_back_and_count_no_abort(

@@ -99,8 +99,18 @@ class UpstreamExecutor:
         self._poller: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        """Connect, find the model and the engine, wait until the upstream is healthy, start polling."""
+        """Connect, find the model and the engine, wait until the upstream is healthy, start polling;
+        a start that fails closes what it opened."""
         self._session = self._open_session(force_close=self.engine in CLOSES_AFTER_STREAM)
+        try:
+            await self._connect()
+        except BaseException:
+            await self._session.close()
+            raise
+        self._poller = asyncio.create_task(self._poll(), name=f"upstream-poll {self.options.url}")
+
+    async def _connect(self) -> None:
+        assert self._session is not None
         deadline = time.monotonic() + self.options.start_timeout_s
         entry = await self._model_entry(deadline)
         if self.engine is None:
@@ -116,7 +126,6 @@ class UpstreamExecutor:
                 raise BackendLostError(f"upstream {self.options.url} was not healthy within "
                                        f"{self.options.start_timeout_s:g} s")
             await asyncio.sleep(self.options.poll_interval_s)
-        self._poller = asyncio.create_task(self._poll(), name=f"upstream-poll {self.options.url}")
 
     def _open_session(self, *, force_close: bool) -> aiohttp.ClientSession:
         headers = {}
