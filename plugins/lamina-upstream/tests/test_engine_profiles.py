@@ -66,19 +66,18 @@ def test_sglang_and_tgi_metrics_give_running_waiting_and_kv_usage() -> None:
     assert (tgi.running, tgi.waiting, tgi.kv_usage) == (7, 3, None)
 
 
-@pytest.mark.parametrize(("routes", "engine", "context", "kv_used"), [
-    (SGLANG, "auto", 131072, round(0.28 * KV_SCALE)),
-    (TGI, "tgi", 4096, 0),
+@pytest.mark.parametrize(("routes", "engine", "context", "running", "waiting", "kv_used"), [
+    (SGLANG, "auto", 131072, 162, 2826, round(0.28 * KV_SCALE)),
+    (TGI, "tgi", 4096, 7, 3, 0),
 ])
 def test_context_length_and_load_come_from_each_engines_own_endpoints(
-        routes: Mapping[str, object], engine: str, context: int, kv_used: int) -> None:
+        routes: Mapping[str, object], engine: str, context: int, running: int, waiting: int, kv_used: int) -> None:
     async def run() -> None:
         runner, url = await _serve(routes)
         executor = UpstreamExecutor(UpstreamOptions(url=url, engine=engine, poll_interval_s=0.05, start_timeout_s=10))
         try:
             await executor.start()
             state = executor.state()
-            running, waiting = (162, 2826) if routes is SGLANG else (7, 3)
             assert executor.model.context_length == context and state.healthy
             assert state.outstanding_requests == running + waiting and state.queue_depth == waiting
             assert state.kv_blocks_used == kv_used

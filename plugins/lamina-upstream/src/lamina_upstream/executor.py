@@ -71,6 +71,10 @@ class _Answer:
     body: bytes
     retry_after: str | None
 
+    @classmethod
+    async def read(cls, response: aiohttp.ClientResponse) -> _Answer:
+        return cls(response.status, await response.read(), response.headers.get("Retry-After"))
+
 
 _CLIENT_ERRORS: dict[int, type[LaminaError]] = {400: InvalidRequestError, 404: NotFoundError,
                                                 413: PayloadTooLargeError, 422: InvalidRequestError,
@@ -200,7 +204,7 @@ class UpstreamExecutor:
         assert self._session is not None
         data, headers = (None, None) if body is None else (orjson.dumps(body), _JSON_HEADERS)
         async with self._session.request(method, self.options.url + path, data=data, headers=headers) as response:
-            return _Answer(response.status, await response.read(), response.headers.get("Retry-After"))
+            return await _Answer.read(response)
 
     async def _post(self, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
         """POST ``body`` to the upstream and return its JSON answer; its errors as Lamina's."""
@@ -225,8 +229,7 @@ class UpstreamExecutor:
                 async with self._session.post(self.options.url + path, data=orjson.dumps(body),
                                               headers=_JSON_HEADERS) as response:
                     if response.status != 200:
-                        answer = _Answer(response.status, await response.read(), response.headers.get("Retry-After"))
-                        raise _http_error(answer, self.options.url)
+                        raise _http_error(await _Answer.read(response), self.options.url)
                     reader = UpstreamStream(request.id, chat=path == CHAT_PATH, logprobs=request.sampling.logprobs,
                                             prompt_tokens=prompt, text_only=self.engine in TEXT_ONLY)
                     async for data in _event_data(response.content):
