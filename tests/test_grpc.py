@@ -23,11 +23,13 @@ from lamina.server.grpc_service import InferenceService, start_grpc
 from lamina.server.openai_api import parse_chat, parse_completion
 from lamina.wire.proto.lamina.v1 import inference_pb2 as pb
 from lamina.wire.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
+from lamina.wire.error_trailers import ERROR_CLASS, error_from_trailers, error_trailers
 from lamina.wire.queue_wait import MAX_QUEUE_WAIT_HEADER
 from lamina.kernel.stack import Stack
 from lamina.kernel.stack_config import StackConfig
 from lamina_hookspecs import hookimpl
-from lamina_hookspecs.errors import InvalidRequestError
+from lamina_hookspecs.errors import (BackendLostError, ContextLengthError, InvalidRequestError, LaminaError,
+                                     RateLimitError, ServiceUnavailableError)
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, SamplingParams, TokenChunk, ToolCallDelta
 
 ECHO = {"executor": {"use": "echo", "context_length": 64}}
@@ -351,6 +353,54 @@ def test_the_clients_queue_wait_bound_reaches_the_executor_and_a_gateways_worker
         assert recording.requests[-1].max_queue_wait_s == 0.75
 
     run({"executor": {"use": "recording"}}, scenario, ("recording", recording))
+
+
+class Refusing(Recording):
+    """An executor that refuses every request with ``error``."""
+
+    def __init__(self, error: LaminaError) -> None:
+        super().__init__()
+        self.error = error
+
+    async def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
+        raise self.error
+        yield  # an async generator, as executors are
+
+
+@pytest.mark.parametrize("error", [
+    ServiceUnavailableError("the server is overloaded", code="overloaded", retry_after=7.0),
+    ServiceUnavailableError("waited past the bound", code="queue_timeout", retry_after=1.0),
+    RateLimitError("tenant over its token rate", code="rate_limit_exceeded", retry_after=3.0),
+    ContextLengthError("too long for the context", param="prompt"),
+    InvalidRequestError("bad temperature", param="temperature"),
+], ids=lambda error: error.code or type(error).__name__)
+def test_a_workers_error_reaches_the_gateway_as_the_same_error(error: LaminaError) -> None:
+    """A worker's refusal keeps its class, code, param and Retry-After through the gateway: a 503
+    ``overloaded`` stays one (not a lost backend to retry), as a single server would answer."""
+    refusing = Refusing(error)
+
+    async def scenario(live: Live) -> None:
+        remote = RemoteExecutor("w", live.address, connect_timeout_s=5)
+        await remote.start()
+        try:
+            with pytest.raises(LaminaError) as caught:
+                [c async for c in remote.generate(Request(id="r1", model="recording", prompt="hi"))]
+        finally:
+            await remote.stop()
+        got = caught.value
+        assert (type(got), got.message, got.code, got.param, got.retry_after) == \
+            (type(error), error.message, error.code, error.param, error.retry_after)
+        assert not isinstance(got, BackendLostError)
+
+    run({"executor": {"use": "recording"}}, scenario, ("recording", refusing))
+
+
+def test_a_peer_without_lamina_trailers_is_read_by_its_status() -> None:
+    """A gRPC error without Lamina's trailers (a worker lost, a proxy's refusal) maps by its status."""
+    assert error_from_trailers("gone", ()) is None
+    assert error_from_trailers("gone", ((ERROR_CLASS, "NoSuchError"),)) is None
+    assert error_trailers(ServiceUnavailableError("x", code="réservé")) == (
+        (ERROR_CLASS, "ServiceUnavailableError"),)  # a value metadata cannot hold is left out
 
 
 def through_a_gateway(sampling: SamplingParams, request: Request | None = None) -> Request:

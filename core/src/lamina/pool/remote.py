@@ -33,6 +33,7 @@ from lamina_hookspecs.errors import (
 )
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
 from lamina.wire.convert import TENANT_METADATA, from_proto, to_proto_request
+from lamina.wire.error_trailers import error_from_trailers
 from lamina.wire.proto.lamina.v1 import inference_pb2 as pb
 from lamina.wire.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
 from lamina.wire.queue_wait import MAX_QUEUE_WAIT_HEADER
@@ -134,6 +135,9 @@ class RemoteExecutor:
 
     def _error(self, exc: grpc.aio.AioRpcError) -> LaminaError:
         details = exc.details() or exc.code().name
+        error = error_from_trailers(details, exc.trailing_metadata())
+        if error is not None:
+            return error
         cls = _ERRORS.get(exc.code())
         if cls is not None:
             return cls(details)

@@ -5,8 +5,8 @@ The proto request is first written as the OpenAI body it stands for (``/v1/compl
 for a text or token-id prompt, ``/v1/chat/completions`` for a chat), so admission plugins
 see the same body and :mod:`lamina.server.openai_api` validates it with the same rules and
 messages. A :class:`LaminaError` ends the call with the status its ``grpc_code`` names,
-and with a ``retry-after`` trailer when it has one; after tokens were sent, the stream
-simply ends with that status. The request id goes out in the initial metadata
+and with trailers naming the error, its code and its Retry-After (:mod:`lamina.wire.error_trailers`);
+after tokens were sent, the stream simply ends with that status. The request id goes out in the initial metadata
 (``x-request-id``) and in every chunk. A request that names a codec by media type
 (``codec: "application/x-lamina-stc"``) gets its stream as that codec's bytes in each
 chunk's ``frames`` — the same bytes the HTTP API sends — instead of typed fields.
@@ -52,6 +52,7 @@ from lamina.kernel.admission import bearer_token
 from lamina.kernel.lifecycle import trace_context
 from lamina.kernel.pipeline import run_request
 from lamina.wire.convert import TENANT_METADATA, to_proto
+from lamina.wire.error_trailers import error_trailers
 from lamina.server.openai_api import parse_chat, parse_completion
 from lamina.wire.proto.lamina.v1 import inference_pb2 as pb
 from lamina.wire.proto.lamina.v1 import inference_pb2_grpc as pb_grpc
@@ -145,8 +146,7 @@ def _parameters(tool: pb.Tool, i: int) -> Any:
 
 
 async def _fail(context: Context, error: LaminaError) -> NoReturn:
-    trailers = () if error.retry_after is None else (("retry-after", str(max(1, round(error.retry_after)))),)
-    await context.abort(grpc.StatusCode[error.grpc_code], error.message, trailing_metadata=trailers)
+    await context.abort(grpc.StatusCode[error.grpc_code], error.message, trailing_metadata=error_trailers(error))
 
 
 class _Flight:
