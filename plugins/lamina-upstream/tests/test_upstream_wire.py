@@ -214,6 +214,8 @@ def test_http_errors_keep_their_class_message_and_retry_hint() -> None:
     limited = _http_error(_response(429, {"error": {"message": "slow down"}}, "3"), "u")
     assert isinstance(limited, RateLimitError) and limited.retry_after == 3.0
     assert isinstance(_http_error(_response(503, {"error": {"message": "loading"}}), "u"), BackendLostError)
+    busy = _http_error(_response(503, {"error": {"message": "overloaded", "code": "overloaded"}}, "7"), "u")
+    assert isinstance(busy, BackendLostError) and (busy.code, busy.retry_after) == ("overloaded", 7.0)
     assert isinstance(_http_error(_Answer(500, b"oops", None), "u"), BackendLostError)
     denied = _http_error(_response(401, {"error": {"message": "bad key"}}), "u")
     assert isinstance(denied, InternalError) and "credentials" in denied.message

@@ -391,14 +391,14 @@ def _http_error(answer: _Answer, url: str) -> LaminaError:
     message = str(error.get("message") or text or f"HTTP {answer.status}")
     status = answer.status
     retry_after = _seconds(answer.retry_after)
+    code = str(error["code"]) if error.get("code") is not None else None
     if status in _CLIENT_ERRORS:
         param = error.get("param")
-        return _CLIENT_ERRORS[status](message, param=str(param) if param is not None else None,
-                                      code=str(error["code"]) if error.get("code") is not None else None,
+        return _CLIENT_ERRORS[status](message, param=str(param) if param is not None else None, code=code,
                                       retry_after=retry_after)
     if status in (401, 403):
         return InternalError(f"upstream {url} refused our credentials ({status}): {message}")
-    return BackendLostError(f"upstream {url} answered {status}: {message}", retry_after=retry_after)
+    return BackendLostError(f"upstream {url} answered {status}: {message}", code=code, retry_after=retry_after)
 
 
 def _seconds(value: str | None) -> float | None:
