@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from lamina_jax.model import attention_kernel, llama
-from lamina_jax.testing import cpu_kernels_absent, random_weights, tiny_config, to_params
+from lamina_jax.testing import cpu_kernels_absent, decode_steps, random_weights, tiny_config, to_params
 
 built = pytest.mark.skipif(cpu_kernels_absent(), reason="the CPU kernels are not built here")
 
@@ -67,29 +67,10 @@ def test_decode_with_the_kernel_matches_decode_without_it(kv_dtype: str, monkeyp
     params = to_params(random_weights(config, seed=0))
     assert attention_kernel.usable(config.n_heads, llama.init_cache(config, num_blocks=1, block_size=4,
                                                                       dtype=kv_dtype).k[0])
-    rng = np.random.default_rng(2)
-    prompts = [rng.integers(0, config.vocab_size, n).tolist() for n in (5, 13, 2)]
-    first = jnp.asarray(rng.integers(0, config.vocab_size, 4), jnp.int32)
-    tables = jnp.asarray([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11, 12, 13, 14], [15, 15, 15, 15, 15]], jnp.int32)
-
-    def run() -> tuple[list[np.ndarray], llama.KVCache]:
-        cache = llama.init_cache(config, num_blocks=16, block_size=4, dtype=kv_dtype)
-        for prompt, owned in zip(prompts, tables, strict=False):
-            tokens = jnp.asarray(prompt + [0] * (16 - len(prompt)), jnp.int32)
-            cache = llama.prefill(params, cache, tokens, len(prompt), owned, 0, config=config)[1]
-        steps, tokens = [], first
-        positions = np.array([len(p) for p in prompts] + [-1], np.int32)
-        for _ in range(4):
-            logits, cache = llama.decode(params, cache, tokens, tables, jnp.asarray(positions), config=config)
-            tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-            steps.append(np.asarray(logits[:3]))
-            positions[:3] += 1
-        return steps, cache
-
-    with_kernel, kernel_cache = run()
+    with_kernel, kernel_cache = decode_steps(config, params, kv_dtype=kv_dtype, steps=4)
     jax.clear_caches()  # decode is traced again, now without the kernel
     monkeypatch.setattr(attention_kernel, "usable", lambda *_: False)
-    without, jax_cache = run()
+    without, jax_cache = decode_steps(config, params, kv_dtype=kv_dtype, steps=4)
     for a, b in zip(with_kernel, without, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
     for layer in range(config.n_layers):

@@ -277,6 +277,30 @@ def write_tiny_gguf(path: Path, *, seed: int = 7) -> Path:
     return path
 
 
+def decode_steps(config: LlamaConfig, params: LlamaParams, *, kv_dtype: str, steps: int) -> tuple[list[np.ndarray], Any]:
+    """Greedy batched decode steps of the tiny decoder: three prompts (5, 13 and 2 tokens) prefilled
+    into blocks of 4, then ``steps`` decode steps with a padding row among them. Returns each step's
+    logits of the three real rows and the final cache: what an attention path must leave unchanged."""
+    from lamina_jax.model import llama
+
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, config.vocab_size, n).tolist() for n in (5, 13, 2)]
+    tokens = jnp.asarray(rng.integers(0, config.vocab_size, 4), jnp.int32)
+    tables = jnp.asarray([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11, 12, 13, 14], [15, 15, 15, 15, 15]], jnp.int32)
+    cache = llama.init_cache(config, num_blocks=16, block_size=4, dtype=kv_dtype)
+    for prompt, owned in zip(prompts, tables, strict=False):
+        padded = jnp.asarray(prompt + [0] * (16 - len(prompt)), jnp.int32)
+        cache = llama.prefill(params, cache, padded, len(prompt), owned, 0, config=config)[1]
+    logits_per_step = []
+    positions = np.array([len(p) for p in prompts] + [-1], np.int32)
+    for _ in range(steps):
+        logits, cache = llama.decode(params, cache, tokens, tables, jnp.asarray(positions), config=config)
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        logits_per_step.append(np.asarray(logits[:3]))
+        positions[:3] += 1
+    return logits_per_step, cache
+
+
 def cpu_kernels_absent() -> bool:
     """Whether tests of the CPU kernels should skip: they are not built here and
     ``LAMINA_REQUIRE_CPU_KERNELS=1`` does not say they must be (the tox ``ggml`` env builds them

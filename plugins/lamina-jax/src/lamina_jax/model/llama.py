@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lamina_jax.model import attention_kernel, ggml, rope
+from lamina_jax.model import attention_kernel, ggml, pallas_attention, rope
 from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.ggml import GgmlWeight
 
@@ -545,7 +545,8 @@ def decode(
         Attention reads only the blocks in use, so ``n`` may be the most any sequence can need.
     :param positions: ``[B]`` position of each token (its sequence's length so far); a padding row
         uses ``-1`` and writes nothing. Attention runs in the native kernel where it is built, reads
-        the pools' dtype (`attention_kernel`) and the model is on one device; otherwise each segment
+        the pools' dtype (`attention_kernel`) and the model is on one device, or in the Pallas kernel
+        on a GPU (`pallas_attention`) on the same terms; otherwise each segment
         of ``DECODE_SEGMENT_ROWS`` rows (fewer where ``B`` is no multiple of it) reads only as far as
         its own longest.
     :return: logits ``[B, vocab]`` and the updated cache (the input cache is donated).
@@ -556,9 +557,12 @@ def decode(
     offsets = jnp.maximum(positions, 0) % size
 
     def attend(q: jax.Array, layer_pools: _Pools) -> jax.Array:
-        if (config.sliding_window is None and config.tensor_parallel == 1
-                and attention_kernel.usable(config.n_heads, layer_pools[0])):
+        native = config.sliding_window is None and config.tensor_parallel == 1
+        if native and attention_kernel.usable(config.n_heads, layer_pools[0]):
             out = attention_kernel.decode_attention(q[:, 0], layer_pools[0], layer_pools[1], block_tables,
+                                                    positions + 1)
+        elif native and pallas_attention.usable(config.n_heads, layer_pools[0]):
+            out = pallas_attention.decode_attention(q[:, 0], layer_pools[0], layer_pools[1], block_tables,
                                                     positions + 1)
         else:
             out = jax_decode_attention(q[:, 0], layer_pools, block_tables, positions, config.sliding_window)
