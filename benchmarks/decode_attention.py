@@ -1,4 +1,4 @@
-"""Decode attention over the paged KV cache: the native CPU kernel against the JAX form it replaces.
+"""Decode attention over the paged KV cache: the backend's kernel against the JAX form it replaces.
 
 One SmolLM2-135M layer's decode attention (9 query heads over 3 KV heads, head dim 64, blocks of
 16 positions): ``B`` rows, one query each, over contexts of 48 positions (``short``) or drawn
@@ -7,12 +7,13 @@ and bfloat16 pools. Two implementations of the same math, side by side, in alter
 
 - ``jax``: `lamina_jax.model.llama.jax_decode_attention`, a loop over chunks of blocks gathered into
   new arrays, in segments of rows (what ``decode`` runs where the kernel is not built);
-- ``kernel``: `lamina_jax.model.attention_kernel.decode_attention` (``csrc/paged_attention.cc``),
-  reading each row's blocks where they lie.
+- ``kernel``: on the CPU `lamina_jax.model.attention_kernel.decode_attention` (``csrc/paged_attention.cc``),
+  on a GPU `lamina_jax.model.pallas_attention.decode_attention` (Pallas, Triton), each reading every
+  row's blocks where they lie.
 
 Reported: median ms per call (one layer; a decode step runs it once per layer, 30 times), the
-ratio (jax ÷ kernel) and the largest absolute difference between the two. Without the kernel
-(``scripts/kernels/build_cpu_kernels.sh`` not run) only the JAX form is timed.
+ratio (jax ÷ kernel) and the largest absolute difference between the two. Without a kernel (on the
+CPU, ``scripts/kernels/build_cpu_kernels.sh`` not run; on a TPU) only the JAX form is timed.
 
     uv run python benchmarks/decode_attention.py            # B = 16, 32; 5 rounds of 20 calls
     uv run python benchmarks/decode_attention.py --quick --json
@@ -31,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from lamina_jax.model import attention_kernel
+from lamina_jax.model import attention_kernel, pallas_attention
 from lamina_jax.model.llama import jax_decode_attention
 from lamina_jax.native import cpu_model
 from prefill_attention import timed
@@ -57,17 +58,19 @@ def main() -> None:
     for dtype in ("float32", "bfloat16"):
         shape = (blocks, KV_HEADS, BLOCK, HEAD_DIM)
         pools_by_dtype[dtype] = tuple(jnp.asarray(rng.standard_normal(shape), dtype) for _ in range(2))
-    kernel = attention_kernel.usable(HEADS, pools_by_dtype["float32"][0])
-    if not kernel:
-        print("the CPU kernels are not built here (scripts/kernels/build_cpu_kernels.sh): the JAX form alone",
-              file=sys.stderr)
+    module = next((m for m in (attention_kernel, pallas_attention) if m.usable(HEADS, pools_by_dtype["float32"][0])),
+                  None)
+    kernel = module is not None
+    if module is None:
+        print(f"no decode-attention kernel on {jax.default_backend()} here (on the CPU: "
+              "scripts/kernels/build_cpu_kernels.sh): the JAX form alone", file=sys.stderr)
 
     def jax_form(q: jax.Array, k: jax.Array, v: jax.Array, tables: jax.Array, lengths: jax.Array) -> jax.Array:
         return jax_decode_attention(q, (k, v, None, None), tables, lengths - 1)
 
     forms = {"jax": jax.jit(jax_form)}
-    if kernel:
-        forms["kernel"] = jax.jit(attention_kernel.decode_attention)
+    if module is not None:
+        forms["kernel"] = jax.jit(module.decode_attention)
     cases = [(b, kind, dtype) for b in batches for kind in ("short", "sharegpt") for dtype in pools_by_dtype]
     results = []
     with tqdm(total=len(cases) * rounds, desc="decode attention", file=sys.stderr) as bar:
@@ -92,7 +95,7 @@ def main() -> None:
             results.append(row)
     print(f"{cpu_model()} · {platform.machine()} · jax {jax.__version__} on {jax.default_backend()}; one SmolLM2 "
           f"layer's decode attention ({HEADS} heads / {KV_HEADS} KV heads, blocks of {BLOCK}); medians of "
-          f"{rounds} alternating rounds x {calls} calls")
+          f"{rounds} alternating rounds x {calls} calls; kernel: {module.__name__ if module else 'none'}")
     print(f"{'B':>3} {'contexts':>9} {'positions':>9} {'pools':>9} {'jax ms':>8} {'kernel ms':>10} {'ratio':>6} "
           f"{'max |diff|':>11}")
     for row in results:
@@ -102,7 +105,8 @@ def main() -> None:
               f"{row['jax_ms']:>8.2f} {tail}")
     if args.json:
         print(json.dumps({"benchmark": "decode_attention", "quick": args.quick, "kernel": kernel,
-                          "cpu": cpu_model(), "results": results}))
+                          "kernel_module": None if module is None else module.__name__,
+                          "backend": jax.default_backend(), "cpu": cpu_model(), "results": results}))
 
 
 if __name__ == "__main__":

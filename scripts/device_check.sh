@@ -2,9 +2,10 @@
 # The JAX executor on a GPU or TPU machine, in one command: the devices JAX sees, the executor's
 # fast tests, and decode tok/s at 1, 16 and 64 streams (benchmarks/executor_throughput.py --quick)
 # with the memory bandwidth each uses against the device's peak (a table of known devices below,
-# or LAMINA_DEVICE_BW_GBS; "unknown" otherwise). Stops at once, non-zero, when JAX sees only CPU
-# devices, unless --allow-cpu. With $OUT set, leaves there device_check.json (the summary; also
-# the last line of stdout) and executor_throughput.log (the benchmark's output).
+# or LAMINA_DEVICE_BW_GBS; "unknown" otherwise), and the backend's decode-attention kernel (the
+# Pallas one on a GPU) against the JAX form (benchmarks/decode_attention.py --quick). Stops at
+# once, non-zero, when JAX sees only CPU devices, unless --allow-cpu. With $OUT set, leaves there device_check.json (the summary; also
+# the last line of stdout), executor_throughput.log and decode_attention.log (the benchmarks' output).
 #
 #   bash scripts/device_check.sh [--allow-cpu] [--no-tests] [--no-bench] [-- more benchmark flags]
 #
@@ -46,8 +47,9 @@ fi
 [ "$bench" = 1 ] || exit 0
 "${python[@]}" benchmarks/executor_throughput.py --quick --json --peer none --streams 1,16,64 "$@" \
     | tee "$out/executor_throughput.log"
+"${python[@]}" benchmarks/decode_attention.py --quick --json | tee "$out/decode_attention.log"
 
-"${python[@]}" - "$out/executor_throughput.log" "$out/device_check.json" <<'EOF'
+"${python[@]}" - "$out/executor_throughput.log" "$out/device_check.json" "$out/decode_attention.log" <<'EOF'
 import json, os, re, sys
 
 PEAK_GBS = [  # jax's device_kind (lower case) → peak memory bandwidth, GB/s; the first match wins
@@ -72,8 +74,11 @@ for d in bench["jax"]["decode"]:
     gbs = d["aggregate_decode_tok_s"] / n * step_bytes / 1e9
     rows.append({"streams": n, "decode_tok_s": d["aggregate_decode_tok_s"], "per_stream_tok_s": d["per_stream_tok_s"],
                  "read_gb_s": gbs, "bandwidth_utilisation": gbs / peak if peak else None})
+with open(sys.argv[3]) as f:
+    attention = json.loads(f.read().splitlines()[-1])
 summary.update(peak_gb_s=peak, peak_source="LAMINA_DEVICE_BW_GBS" if given else "table" if peak else None,
-               weights_dtype=config["weights_dtype"], formats=bench["formats"], decode=rows)
+               weights_dtype=config["weights_dtype"], formats=bench["formats"], decode=rows,
+               decode_attention={"kernel_module": attention["kernel_module"], "results": attention["results"]})
 print(f"\n{kind}: peak memory bandwidth " + (f"{peak:.0f} GB/s ({summary['peak_source']})" if peak else "unknown"))
 print(f"{'streams':>7} {'tok/s':>9} {'tok/s/stream':>12} {'GB/s read':>10} {'of peak':>8}")
 for r in rows:
