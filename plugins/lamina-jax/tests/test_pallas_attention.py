@@ -1,6 +1,7 @@
 """Paged decode attention by the Pallas kernel (`lamina_jax.model.pallas_attention`), run by Pallas'
 interpreter on the CPU, against the JAX form it stands in for on a GPU; and the decoder with it
-against the decoder without it."""
+against the decoder without it. On a GPU (``scripts/device_check.sh``) the kernel is compiled, and
+matrix products run in full float32 (no TF32) so that the two forms can agree this closely."""
 
 from __future__ import annotations
 
@@ -32,9 +33,10 @@ def test_the_kernel_attends_as_the_jax_form(dtype: str, heads: int, kv_heads: in
     lengths = np.array([1, block - 1, block + 3, 3 * block, width * block, 2, 0], np.int32)
     tables = jnp.asarray(rng.integers(0, blocks, (len(lengths), width)), jnp.int32)
     q = jnp.asarray(rng.standard_normal((len(lengths), heads, dim)), jnp.float32)
-    got = np.asarray(pallas_attention.decode_attention(q, k_pool, v_pool, tables, jnp.asarray(lengths)))
-    want = np.asarray(llama.jax_decode_attention(q, (k_pool, v_pool, None, None), tables,
-                                                 jnp.asarray(lengths) - 1))
+    with jax.default_matmul_precision("highest"):
+        got = np.asarray(pallas_attention.decode_attention(q, k_pool, v_pool, tables, jnp.asarray(lengths)))
+        want = np.asarray(llama.jax_decode_attention(q, (k_pool, v_pool, None, None), tables,
+                                                     jnp.asarray(lengths) - 1))
     np.testing.assert_allclose(got[:-1], want[:-1], atol=2e-5, rtol=1e-5)
     assert not got[-1].any()  # a row of length 0 (a padding row) gives zeros
 
@@ -51,6 +53,7 @@ def test_the_kernel_is_for_gpus_and_the_shapes_triton_takes(monkeypatch: pytest.
 
 
 @pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16"])
+@jax.default_matmul_precision("highest")
 def test_decode_with_the_kernel_matches_decode_without_it(kv_dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tiny decoder's batched decode steps (a padding row among them) give the same logits with
     the Pallas kernel chosen, as on a GPU, as with the JAX form."""

@@ -57,13 +57,13 @@ def _kernel(lengths_ref, q_ref, k_ref, v_ref, tables_ref, out_ref, *, block_size
         blocks = tables_ref[pl.ds(i * BLOCKS_PER_STEP, BLOCKS_PER_STEP)]
         keys = k_ref[blocks].reshape(span, head_dim).astype(jnp.float32)
         values = v_ref[blocks].reshape(span, head_dim).astype(jnp.float32)
-        scores = plgpu.dot(q, keys.T)  # [G, span]
+        scores = plgpu.dot(q, keys, trans_b=True, allow_tf32=False)  # [G, span], in full float32 as on the CPU
         seen = (i * span + jnp.arange(span))[None, :] < length
         scores = jnp.where(seen, scores, _MASKED)
         new_top = jnp.maximum(top, scores.max(axis=-1))
         probs = jnp.where(seen, jnp.exp(scores - new_top[:, None]), 0.0)
         rescale = jnp.exp(top - new_top)
-        return (out * rescale[:, None] + plgpu.dot(probs, values), new_top,
+        return (out * rescale[:, None] + plgpu.dot(probs, values, allow_tf32=False), new_top,
                 norm * rescale + probs.sum(axis=-1))
 
     init = (jnp.zeros((rows, head_dim), jnp.float32), jnp.full((rows,), _MASKED, jnp.float32),
