@@ -11,10 +11,13 @@ from typing import Any
 
 import httpx
 from lamina.tools.bench.servers import free_port
+from lamina.pool.controller import TrafficWindow
 from lamina.pool.replicas import LocalHandle, LocalProcesses
 from lamina_hookspecs import hookimpl
+from lamina_hookspecs.errors import (BackendLostError, InternalError, InvalidRequestError,
+                                     ServiceUnavailableError)
 from lamina_hookspecs.registration import Register
-from lamina_hookspecs.types import PoolSnapshot, ScaleDecision, WorkerLaunch
+from lamina_hookspecs.types import PoolSnapshot, RequestContext, ScaleDecision, WorkerLaunch
 
 SLOW = {"model": "echo", "prompt": " ".join(f"w{i}" for i in range(20)), "max_tokens": 20}
 
@@ -89,6 +92,19 @@ def test_snapshot_counts_arrivals_ttft_and_errors(live: Any) -> None:
     assert [b.name for b in snapshot.backends] == ["replica-0"]
 
 
+def test_a_refusal_for_want_of_capacity_is_an_error_but_no_fault_of_the_replica() -> None:
+    """A replica shedding load (503 ``overloaded``) counts in the pool's 5xx share, which autoscalers
+    read, but not toward healing: restarting it would take capacity away. A lost worker or a 500 does."""
+    window = TrafficWindow(heal_window_s=60)
+    errors = [ServiceUnavailableError("busy", code="overloaded"), ServiceUnavailableError("full", code="queue_full"),
+              BackendLostError("gone"), InternalError("bug"), InvalidRequestError("bad")]
+    for i, error in enumerate(errors):
+        window.lamina_request_failed(ctx=RequestContext(request_id=f"r{i}", endpoint="chat", backend="replica-0"),
+                                     error=error)
+    assert window.errors == 4  # every 5xx
+    assert window.error_rates(time.monotonic()) == {"replica-0": (5, 2 / 5)}  # the lost worker and the 500
+
+
 def test_a_replica_over_the_5xx_threshold_is_restarted_but_never_the_last(live: Any) -> None:
     server = live({"executor": {"use": "echo"},
                    "replicas": {"count": 2, "autoscale_interval_s": 0.2, "heal_error_rate": 0.05,
@@ -143,7 +159,7 @@ def test_an_unhealthy_pool_degrades_to_the_fallback_model_then_restores(
     for action in ("degrade", "restore", "restart"):
         assert f'lamina_replica_actions_total{{action="{action}",reason="heal"}} 1.0' in metrics
     degraded = next(e for e in lamina_logs if e["event"] == "pool_degraded")
-    assert degraded["fallback_model"] == "small" and "replica-0: 5xx rate 36%" in degraded["reason"]
+    assert degraded["fallback_model"] == "small" and "replica-0: fault rate 36%" in degraded["reason"]
     assert "probe requests" in next(e for e in lamina_logs if e["event"] == "pool_restored")["reason"]
 
 

@@ -39,9 +39,10 @@ class ReplicasConfig:
         "help": "how often the [autoscaler] decides the replica count"})
     heal_error_rate: float | None = attrs.field(
         default=None, validator=attrs.validators.optional([attrs.validators.gt(0.0), attrs.validators.lt(1.0)]),
-        metadata={"help": "restart (rolling, never the last) a replica whose 5xx share exceeds this; off if unset"})
+        metadata={"help": "restart (rolling, never the last) a replica whose share of faults (5xx but 503 "
+                          "refusals for want of capacity) exceeds this; off if unset"})
     heal_window_s: float = attrs.field(default=120.0, validator=attrs.validators.gt(0.0), metadata={
-        "help": "the window the 5xx share is measured over"})
+        "help": "the window the share of faults is measured over"})
     heal_min_requests: int = attrs.field(default=20, validator=attrs.validators.ge(1), metadata={
         "help": "requests a replica must have served in the window before it can be judged"})
     fallback_model: str | None = attrs.field(default=None, metadata={

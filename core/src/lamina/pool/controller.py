@@ -1,10 +1,13 @@
 """The live pool's control loop: every ``[replicas] autoscale_interval_s`` a :class:`PoolSnapshot`
-goes to the stack's autoscaler and its decision to the replica provider; replicas whose 5xx
-rate is too high are restarted one at a time (self-healing). With ``fallback_model`` the pool
+goes to the stack's autoscaler and its decision to the replica provider; replicas whose fault
+rate is too high are restarted one at a time (self-healing). A fault is a 5xx that says the
+replica failed (500, a lost worker, a broken stream), not a 503 refusing work for want of capacity
+(``overloaded``, ``queue_full``, ``queue_timeout``, ``draining``): restarting a replica for shedding
+load would only take more capacity away. With ``fallback_model`` the pool
 also degrades a dependency while it heals: its requests go to the fallback model's backends
 (all of them while no replica serves, else all but ``fallback_probe_share``), until the
 replicas are back and ``heal_min_requests`` probe requests since the degrade came in under the
-5xx threshold. A fallback in place also lets the last replica restart (nothing is left unserved).
+fault threshold. A fallback in place also lets the last replica restart (nothing is left unserved).
 
 :class:`TrafficWindow` is a lifecycle observer that counts what the snapshot needs: arrivals,
 TTFTs, time per output token (the inter-token latency of each finished request, averaged),
@@ -22,7 +25,7 @@ from collections import deque
 import structlog
 
 from lamina_hookspecs import hookimpl
-from lamina_hookspecs.errors import LaminaError
+from lamina_hookspecs.errors import BackendLostError, LaminaError, ServiceUnavailableError
 from lamina_hookspecs.protocols import Autoscaler
 from lamina_hookspecs.stats import percentile
 from lamina_hookspecs.types import FinishReason, PoolSnapshot, RequestContext, ScaleDecision
@@ -33,6 +36,13 @@ from lamina.pool.replicas import ReplicaSet
 log = structlog.get_logger(__name__)
 
 
+def replica_fault(error: LaminaError) -> bool:
+    """Whether ``error`` says its replica failed: a 5xx other than a 503 refusal for want of capacity
+    (a lost backend is a fault, though it is a 503 too)."""
+    refusal = isinstance(error, ServiceUnavailableError) and not isinstance(error, BackendLostError)
+    return error.http_status >= 500 and not refusal
+
+
 class TrafficWindow:
     """What happened since the last snapshot, plus per-backend outcomes over the healing window."""
 
@@ -41,7 +51,7 @@ class TrafficWindow:
         self.arrivals, self.requests, self.errors = 0, 0, 0
         self.ttfts: list[float] = []
         self.tpots: list[float] = []
-        self.outcomes: deque[tuple[float, str, bool]] = deque()  # (time, backend, server error)
+        self.outcomes: deque[tuple[float, str, bool]] = deque()  # (time, backend, fault)
         self.canary_outcomes: dict[bool, list[tuple[bool, float | None]]] = {True: [], False: []}
         """While a canary is judged: (server error, TTFT) of its requests (True) and the others'."""
         self.canary_name: str | None = None
@@ -58,20 +68,20 @@ class TrafficWindow:
 
     @hookimpl
     def lamina_request_finished(self, ctx: RequestContext, finish_reason: FinishReason) -> None:
-        self._outcome(ctx, server_error=False)
+        self._outcome(ctx, server_error=False, fault=False)
         usage = ctx.usage
         if usage and usage.completion_tokens > 1 and ctx.first_token_at and ctx.finished_at:
             self.tpots.append((ctx.finished_at - ctx.first_token_at) / (usage.completion_tokens - 1))
 
     @hookimpl
     def lamina_request_failed(self, ctx: RequestContext, error: LaminaError) -> None:
-        self._outcome(ctx, server_error=error.http_status >= 500)
+        self._outcome(ctx, server_error=error.http_status >= 500, fault=replica_fault(error))
 
-    def _outcome(self, ctx: RequestContext, *, server_error: bool) -> None:
+    def _outcome(self, ctx: RequestContext, *, server_error: bool, fault: bool) -> None:
         self.requests += 1
         self.errors += server_error
         if ctx.backend is not None:
-            self.outcomes.append((time.monotonic(), ctx.backend, server_error))
+            self.outcomes.append((time.monotonic(), ctx.backend, fault))
             if self.canary_name is not None:
                 self.canary_outcomes[ctx.backend == self.canary_name].append((server_error, ctx.ttft_s))
 
@@ -89,7 +99,7 @@ class TrafficWindow:
 
     def error_rates(self, now: float, since: float | None = None) -> dict[str, tuple[int, float]]:
         """Per backend over the healing window (or from ``since`` on, within it): (requests,
-        share that failed with a 5xx)."""
+        share that failed with a fault)."""
         while self.outcomes and self.outcomes[0][0] < now - self.heal_window_s:
             self.outcomes.popleft()
         counts: dict[str, list[int]] = {}
@@ -171,7 +181,7 @@ class PoolController:
             self.replicas.end_canary(verdict.promote)
 
     def heal(self, now: float) -> None:
-        """Restart (drain first) the worst replica over the 5xx threshold, one at a time and never
+        """Restart (drain first) the worst replica over the fault threshold, one at a time and never
         the last serving one unless a fallback pool takes over meanwhile; degrade to and restore
         from the fallback."""
         threshold = self.config.heal_error_rate
@@ -186,7 +196,7 @@ class PoolController:
         reason = ""
         if failing:
             rate, worker = max(failing, key=lambda pair: pair[0])
-            reason = f"{worker.name}: 5xx rate {rate:.0%} over {self.config.heal_window_s:g}s > {threshold:.0%}"
+            reason = f"{worker.name}: fault rate {rate:.0%} over {self.config.heal_window_s:g}s > {threshold:.0%}"
         if self.config.fallback_model is not None:
             self._degrade_or_restore(now, reason, busy, threshold)
         if failing and not busy and (len(serving) >= 2 or self.degraded_at is not None):
@@ -212,4 +222,4 @@ class PoolController:
         self.degraded_at = None
         self.replicas.actions["restore", "heal"] += 1
         log.warning("pool_restored", fallback_model=fallback,
-                    reason=f"{served} probe requests, 5xx rate {rate:.0%} <= {threshold:.0%}")
+                    reason=f"{served} probe requests, fault rate {rate:.0%} <= {threshold:.0%}")
