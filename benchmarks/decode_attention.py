@@ -8,12 +8,12 @@ and bfloat16 pools. Two implementations of the same math, side by side, in alter
 - ``jax``: `lamina_jax.model.llama.jax_decode_attention`, a loop over chunks of blocks gathered into
   new arrays, in segments of rows (what ``decode`` runs where the kernel is not built);
 - ``kernel``: on the CPU `lamina_jax.model.attention_kernel.decode_attention` (``csrc/paged_attention.cc``),
-  on a GPU `lamina_jax.model.pallas_attention.decode_attention` (Pallas, Triton), each reading every
+  on a GPU or TPU `lamina_jax.model.pallas_attention.decode_attention` (Pallas), each reading every
   row's blocks where they lie.
 
 Reported: median ms per call (one layer; a decode step runs it once per layer, 30 times), the
 ratio (jax ÷ kernel) and the largest absolute difference between the two. Without a kernel (on the
-CPU, ``scripts/kernels/build_cpu_kernels.sh`` not run; on a TPU) only the JAX form is timed.
+CPU, ``scripts/kernels/build_cpu_kernels.sh`` not run) only the JAX form is timed.
 
     uv run python benchmarks/decode_attention.py            # B = 16, 32; 5 rounds of 20 calls
     uv run python benchmarks/decode_attention.py --quick --json

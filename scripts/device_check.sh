@@ -3,7 +3,7 @@
 # fast tests, and decode tok/s at 1, 16 and 64 streams (benchmarks/executor_throughput.py --quick)
 # with the memory bandwidth each uses against the device's peak (a table of known devices below,
 # or LAMINA_DEVICE_BW_GBS; "unknown" otherwise), and the backend's decode-attention kernel (the
-# Pallas one on a GPU) against the JAX form (benchmarks/decode_attention.py --quick). Stops at
+# Pallas one on a GPU or TPU) against the JAX form (benchmarks/decode_attention.py --quick). Stops at
 # once, non-zero, when JAX sees only CPU devices, unless --allow-cpu. With $OUT set, leaves there device_check.json (the summary; also
 # the last line of stdout), executor_throughput.log and decode_attention.log (the benchmarks' output).
 #

@@ -545,8 +545,8 @@ def decode(
         Attention reads only the blocks in use, so ``n`` may be the most any sequence can need.
     :param positions: ``[B]`` position of each token (its sequence's length so far); a padding row
         uses ``-1`` and writes nothing. Attention runs in the native kernel where it is built, reads
-        the pools' dtype (`attention_kernel`) and the model is on one device, or in the Pallas kernel
-        on a GPU (`pallas_attention`) on the same terms; otherwise each segment
+        the pools' dtype (`attention_kernel`) and the model is on one device, or in a Pallas kernel
+        on a GPU or TPU (`pallas_attention`) on the same terms; otherwise each segment
         of ``DECODE_SEGMENT_ROWS`` rows (fewer where ``B`` is no multiple of it) reads only as far as
         its own longest.
     :return: logits ``[B, vocab]`` and the updated cache (the input cache is donated).
