@@ -32,9 +32,6 @@ from jax.experimental.pallas import triton as plgpu
 
 BLOCKS_PER_STEP = 8
 """Cache blocks read per loop step (128 keys at block size 16)."""
-ROWS = {"gpu": 16, "tpu": 8}
-"""Query rows per program are padded to a multiple of this: the fewest a Triton dot takes, and a
-TPU's sublane tile."""
 _POOL_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 _MASKED = float(np.finfo(np.float32).min)
 _Carry = tuple[jax.Array, jax.Array, jax.Array]
@@ -43,6 +40,12 @@ _Carry = tuple[jax.Array, jax.Array, jax.Array]
 
 def _power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
+
+
+def _rows(platform: str, group: int) -> int:
+    """Query rows per program for ``group`` query heads: on a GPU a power of two of 16 or more (Triton
+    loads powers of two, and its dot takes no fewer rows); on a TPU a whole sublane tile of 8."""
+    return max(16, pl.next_power_of_2(group)) if platform == "gpu" else -(-group // 8) * 8
 
 
 def takes(platform: str, n_heads: int, pool: jax.Array) -> bool:
@@ -133,7 +136,7 @@ def _call(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, tables: jax.Array,
     batch, n_heads, head_dim = q.shape
     num_blocks, n_kv_heads, block_size, _ = k_pool.shape
     group = n_heads // n_kv_heads
-    rows = -(-group // ROWS[platform]) * ROWS[platform]
+    rows = _rows(platform, group)
     grouped = (q.astype(jnp.float32) / math.sqrt(head_dim)).reshape(batch, n_kv_heads, group, head_dim)
     grouped = jnp.pad(grouped, ((0, 0), (0, 0), (0, rows - group), (0, 0)))
     width = tables.shape[1] + -tables.shape[1] % BLOCKS_PER_STEP
