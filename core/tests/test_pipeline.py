@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 from lamina.kernel.pipeline import run_request
 from lamina_hookspecs import hookimpl
-from lamina_hookspecs.errors import InvalidRequestError, LaminaError, NotFoundError, RateLimitError
-from lamina_hookspecs.types import RateDecision, Request, RequestContext, SamplingParams, TokenChunk
+from lamina_hookspecs.errors import (InvalidRequestError, LaminaError, NotFoundError, RateLimitError,
+                                     ServiceUnavailableError)
+from lamina_hookspecs.types import (BackendState, ModelInfo, RateDecision, Request, RequestContext, SamplingParams,
+                                    TokenChunk)
 
 
 def parse(body: Mapping[str, Any]) -> Request:
@@ -178,3 +180,58 @@ def test_ab_split_assigns_arms_stickily_by_tenant(build_stack: Any) -> None:
         arms.add((tenant, ctx.arms["router"]))
     assert len({t for t, _ in arms}) == 6, "the same tenant always gets the same arm"
     assert {a for _, a in arms} == {"control", "treatment"}
+
+
+class Refusing:
+    """An executor that refuses every request at arrival with a 503 of ``code``, counting the tries."""
+
+    model = ModelInfo(id="echo", context_length=64)
+
+    def __init__(self, code: str) -> None:
+        self.code, self.tries = code, 0
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def state(self) -> BackendState:
+        return BackendState(name="refusing", model="echo")
+
+    async def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
+        self.tries += 1
+        raise ServiceUnavailableError(f"no room ({self.code})", code=self.code, retry_after=2)
+        yield  # an async generator, as executors are
+
+    @hookimpl
+    def lamina_register_executors(self, register: Any) -> None:
+        register("refusing", lambda options, context: self)
+
+
+@pytest.mark.parametrize(("code", "elsewhere"), [("queue_full", True), ("overloaded", True), ("draining", True),
+                                                 ("queue_timeout", False)])
+def test_a_refusal_at_arrival_is_routed_again_where_another_backend_may_have_room(
+        build_stack: Any, code: str, elsewhere: bool) -> None:
+    """A backend out of room or shutting down leaves the request to another one, as a lost backend
+    does; a request that already waited out its bound is not sent to wait again."""
+    refusing = Refusing(code)
+    stack = build_stack(("refusing", refusing), overrides={"executor": None, "backends": [
+        {"name": "busy", "executor": {"use": "refusing"}}, {"name": "free", "executor": {"use": "echo"}}]})
+    outcomes = []
+    for _ in range(4):
+        try:
+            ctx, chunks = run(stack, {"prompt": "a b"})
+            outcomes.append((ctx.backend, "".join(c.text for c in chunks)))
+        except ServiceUnavailableError as error:
+            outcomes.append(("busy", error.code))
+    assert refusing.tries >= 1, "the router sent some to the busy backend first"
+    refused = [outcome for outcome in outcomes if outcome[0] == "busy"]
+    assert refused == ([] if elsewhere else [("busy", code)] * refusing.tries)
+    assert outcomes.count(("free", "a b")) == 4 - len(refused)
+
+
+def test_when_every_backend_refuses_the_last_refusal_is_the_answer(build_stack: Any) -> None:
+    stack = build_stack(("refusing", Refusing("overloaded")), overrides={"executor": None, "backends": [
+        {"name": "one", "executor": {"use": "refusing"}}, {"name": "two", "executor": {"use": "refusing"}}]})
+    with pytest.raises(ServiceUnavailableError) as caught:
+        run(stack, {"prompt": "a b"})
+    assert (type(caught.value), caught.value.code, caught.value.retry_after) == (ServiceUnavailableError, "overloaded", 2)

@@ -4,9 +4,10 @@ Transports (HTTP, gRPC, in-process tests) call :func:`run_request` and encode wh
 yields; a chat with tools goes through the stack's tool parser (:mod:`lamina.kernel.tool_calls`), a
 request for ``n`` > 1 choices runs as ``n`` forks on one backend (:mod:`lamina.kernel.choices`).
 Closing the returned iterator early (client gone) aborts the executor stream, which frees
-the request's KV slots, and reports ``finish_reason="abort"``. A backend lost before it sent
-anything (``BackendLostError``: a worker died or cannot be reached) is left out and the
-request routed again, while other backends remain.
+the request's KV slots, and reports ``finish_reason="abort"``. A backend that fails a request
+before sending anything, for a reason another backend may not share (`elsewhere`: lost, draining,
+out of capacity), is left out and the request routed again, while other backends remain; the last
+one's error is the answer.
 
 Every log line emitted while a request runs carries its ``request_id``, ``tenant``, ``arm``
 and ``backend``: they are bound as structlog context variables as they become known (the
@@ -23,7 +24,7 @@ import attrs
 import structlog
 
 from lamina_hookspecs.errors import (BackendLostError, InternalError, InvalidRequestError, LaminaError,
-                                     TokenizerNotAvailableError)
+                                     ServiceUnavailableError, TokenizerNotAvailableError)
 from lamina_hookspecs.protocols import Executor, Tokenizes
 from lamina_hookspecs.types import FinishReason, Request, RequestContext, TokenChunk
 from lamina.kernel import choices, tool_calls
@@ -59,6 +60,17 @@ async def _reply(stack: Stack, executor: Executor, request: Request) -> AsyncIte
         if chunks is not stream:
             await chunks.aclose()  # type: ignore[attr-defined]
         await stream.aclose()  # type: ignore[attr-defined]
+
+
+REFUSED_ELSEWHERE = frozenset({"draining", "overloaded", "queue_full"})
+"""Codes of a backend's refusal at arrival that another backend may not share: it is shutting down,
+or it has no room now. (A ``queue_timeout`` is not among them: the request has waited its bound.)"""
+
+
+def elsewhere(error: ServiceUnavailableError) -> bool:
+    """Whether another backend may serve a request ``error`` ended before any token: the backend was
+    lost, or refused it for a reason of its own (`REFUSED_ELSEWHERE`)."""
+    return isinstance(error, BackendLostError) or error.code in REFUSED_ELSEWHERE
 
 
 async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any],
@@ -110,8 +122,8 @@ async def run_request(stack: Stack, ctx: RequestContext, body: Mapping[str, Any]
                         sent = True
                         yield chunk
                     break
-                except BackendLostError as exc:
-                    if sent or len(lost) + 1 >= len(states):
+                except ServiceUnavailableError as exc:
+                    if sent or not elsewhere(exc) or len(lost) + 1 >= len(states):
                         raise
                     log.warning("retrying_on_another_backend", lost=backend.name, error=exc.message)
                     stack.admission.record(backend.name, False, time.monotonic())
