@@ -3,7 +3,7 @@ import random
 from math import floor
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from limits import RateLimitItemPerSecond
 from limits.storage import MemoryStorage
@@ -74,6 +74,7 @@ def test_weights_the_oldest_slice_by_the_part_still_inside() -> None:
 @given(slices=st.integers(1, 12), limit=st.integers(1, 50),
        steps=st.lists(st.tuples(st.floats(0, 1.5), st.floats(0.5, 80)), min_size=1, max_size=80),
        start=st.floats(0, 1e6))
+@example(slices=9, limit=4, steps=[(0.5, 1.0), (0.0, 5.1068454454945496), (1.0, 4.0)], start=524286.75)
 def test_retry_after_is_exactly_when_the_cost_fits(slices: int, limit: int, steps: list[tuple[float, float]],
                                                    start: float) -> None:
     window = SlidingWindow(limit=limit, window_s=1.0, slices=slices)

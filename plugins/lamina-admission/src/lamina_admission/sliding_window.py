@@ -125,6 +125,7 @@ class SlidingWindow(KeyTable):
         limit, current = self.limit, state[0]
         need = min(cost, limit)
         excess = estimate + need - limit  # what must drain out of the window first
+        residue = self._ceiling - limit  # an excess within what the ceiling tolerates needs no more draining
         counts = self._oldest_first(state)
         # The oldest slice drains over what is left of it, then each next one over a whole slice.
         fraction = current + 1 - pos
@@ -132,7 +133,7 @@ class SlidingWindow(KeyTable):
         for count in counts:
             if count:
                 inside = count * fraction
-                if inside >= excess * (1.0 - 1e-12):  # (a rounding residue is no reason to skip on)
+                if inside >= excess - residue:  # (a rounding residue is no reason to skip on)
                     at += fraction * (excess / inside if excess < inside else 1.0)
                     break
                 excess -= inside
