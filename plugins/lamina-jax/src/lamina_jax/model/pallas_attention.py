@@ -26,9 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas import triton as plgpu
+
+# Pallas and its Triton and Mosaic front ends are imported where a kernel is built, not here: they
+# take about 0.4 s to import, and every process that loads the model would pay it, on the CPU too.
 
 BLOCKS_PER_STEP = 8
 """Cache blocks read per loop step (128 keys at block size 16)."""
@@ -45,7 +45,7 @@ def _power_of_two(n: int) -> bool:
 def _rows(platform: str, group: int) -> int:
     """Query rows per program for ``group`` query heads: on a GPU a power of two of 16 or more (Triton
     loads powers of two, and its dot takes no fewer rows); on a TPU a whole sublane tile of 8."""
-    return max(16, pl.next_power_of_2(group)) if platform == "gpu" else -(-group // 8) * 8
+    return max(16, 1 << (group - 1).bit_length()) if platform == "gpu" else -(-group // 8) * 8
 
 
 def takes(platform: str, n_heads: int, pool: jax.Array) -> bool:
@@ -67,6 +67,9 @@ def usable(n_heads: int, pool: jax.Array) -> bool:
 
 def _gpu_kernel(lengths_ref, q_ref, k_ref, v_ref, tables_ref, out_ref, *, block_size: int) -> None:  # noqa: ANN001
     """One row's group of query heads ``q_ref [G, d]`` over its KV head's blocks ``k_ref, v_ref [N, bs, d]``."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
     length = lengths_ref[0]
     q = q_ref[...]
     span = BLOCKS_PER_STEP * block_size
@@ -79,13 +82,16 @@ def _gpu_kernel(lengths_ref, q_ref, k_ref, v_ref, tables_ref, out_ref, *, block_
         return _fold(carry, scores, (i * span + jnp.arange(span))[None, :] < length,
                      lambda probs: plgpu.dot(probs, values, allow_tf32=False))
 
-    out_ref[...] = _softmax_loop(q.shape, pl.cdiv(length, span), step)
+    out_ref[...] = _softmax_loop(q.shape, (length + span - 1) // span, step)
 
 
 def _tpu_kernel(lengths_ref, tables_ref, q_ref, k_hbm, v_hbm, out_ref, k_buf, v_buf, copied, *,  # noqa: ANN001
                 width: int, block_size: int) -> None:
     """One row's group of query heads ``q_ref [G, d]``; each step copies its KV head's blocks from
     the pools in HBM into ``k_buf, v_buf [BLOCKS_PER_STEP, bs, d]``."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
     row, head = pl.program_id(0), pl.program_id(1)
     length = lengths_ref[row]
     q = q_ref[...]
@@ -107,7 +113,7 @@ def _tpu_kernel(lengths_ref, tables_ref, q_ref, k_hbm, v_hbm, out_ref, k_buf, v_
         seen = i * span + lax.broadcasted_iota(jnp.int32, scores.shape, 1) < length
         return _fold(carry, scores, seen, lambda probs: jnp.dot(probs, values, preferred_element_type=jnp.float32))
 
-    out_ref[...] = _softmax_loop(q.shape, pl.cdiv(length, span), step)
+    out_ref[...] = _softmax_loop(q.shape, (length + span - 1) // span, step)
 
 
 def _fold(carry: _Carry, scores: jax.Array, seen: jax.Array, weigh: Callable[[jax.Array], jax.Array]) -> _Carry:
@@ -133,6 +139,10 @@ def _softmax_loop(shape: tuple[int, ...], steps: jax.Array, step: Callable[[jax.
 @functools.partial(jax.jit, static_argnames=("platform", "interpret"))
 def _call(q: jax.Array, k_pool: jax.Array, v_pool: jax.Array, tables: jax.Array, lengths: jax.Array,
           platform: str, interpret: bool) -> jax.Array:
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas import triton as plgpu
+
     batch, n_heads, head_dim = q.shape
     num_blocks, n_kv_heads, block_size, _ = k_pool.shape
     group = n_heads // n_kv_heads
