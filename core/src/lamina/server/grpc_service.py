@@ -4,10 +4,10 @@ Each ``Generate`` runs through :func:`lamina.kernel.pipeline.run_request` as an 
 The proto request is first written as the OpenAI body it stands for (``/v1/completions``
 for a text or token-id prompt, ``/v1/chat/completions`` for a chat), so admission plugins
 see the same body and :mod:`lamina.server.openai_api` validates it with the same rules and
-messages. A :class:`LaminaError` ends the call with the status its ``grpc_code`` names,
-and with trailers naming the error, its code and its Retry-After (:mod:`lamina.wire.error_trailers`);
-after tokens were sent, the stream simply ends with that status. The request id goes out in the initial metadata
-(``x-request-id``) and in every chunk. A request that names a codec by media type
+messages. A :class:`LaminaError` ends the call with the status its ``grpc_code`` names, and
+with trailers naming the error, its code and its Retry-After (:mod:`lamina.wire.error_trailers`);
+after tokens were sent, the stream simply ends with that status. The request id goes out in the
+initial metadata (``x-request-id``) and in every chunk. A request that names a codec by media type
 (``codec: "application/x-lamina-stc"``) gets its stream as that codec's bytes in each
 chunk's ``frames`` — the same bytes the HTTP API sends — instead of typed fields.
 
