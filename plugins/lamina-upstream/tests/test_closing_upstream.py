@@ -1,14 +1,18 @@
 """``openai-upstream`` against an upstream that closes a connection once it has streamed a response
 over it, as llama-server does while announcing keep-alive: back-to-back requests and the load
-poller must not reuse such a connection."""
+poller must not reuse such a connection, and a POST finds its connection opened ahead."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 
+import aiohttp
+
 from lamina_hookspecs.types import ChatMessage, Request, SamplingParams, TokenChunk
+from lamina_upstream.connect_ahead import ConnectAhead
 from lamina_upstream.executor import UpstreamExecutor
 from lamina_upstream.options import UpstreamOptions
 
@@ -40,11 +44,13 @@ def _stream_body() -> bytes:
 class ClosingUpstream:
     """llama-server's manners on loopback: JSON answers keep the connection alive; after a streamed
     chat completion the connection stays open for ``LINGER_S``, then closes without answering
-    whatever was sent on it meanwhile."""
+    whatever was sent on it meanwhile. It notes when each request's connection was accepted."""
 
     def __init__(self) -> None:
         self.streams = 0
         self.unanswered = 0
+        self.accepted: dict[str, list[float]] = {"GET": [], "POST": []}  # per request, by method
+        self.closed_unused = 0  # connections closed by the client before any request
         self._server: asyncio.Server | None = None
 
     async def __aenter__(self) -> str:
@@ -56,9 +62,12 @@ class ClosingUpstream:
         self._server.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted, served = time.perf_counter(), False
         try:
             while head := await reader.readuntil(b"\r\n\r\n"):
                 method, path, _ = head.split(b"\r\n", 1)[0].decode().split(" ", 2)
+                self.accepted[method].append(accepted)
+                served = True
                 length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
                                if line.lower().startswith(b"content-length:")), 0)
                 await reader.readexactly(length)
@@ -76,7 +85,7 @@ class ClosingUpstream:
                              + str(len(body)).encode() + b"\r\n\r\n" + body)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            self.closed_unused += not served
         finally:
             writer.close()
 
@@ -101,14 +110,48 @@ def test_requests_and_polls_after_a_stream_never_reuse_the_connection_llama_serv
             await executor.start()
             try:
                 assert executor.engine == "llama-server"
+                sent = []
                 for i in range(6):
                     request = Request(id=f"r{i}", model="fake", sampling=SamplingParams(max_tokens=1),
                                       messages=(ChatMessage(role="user", content="hello"),))
+                    sent.append(time.perf_counter())
                     assert await _text(executor.generate(request)) == "Hi"
                     await asyncio.sleep(0.06)  # a poll between requests
                     assert executor.state().healthy
             finally:
                 await executor.stop()
+            await asyncio.sleep(0.05)  # for the fake to see the close
         assert fake.streams == 6 and fake.unanswered == 0
+        opened = fake.accepted["POST"]
+        assert opened[0] > sent[0]  # the first connects when it is sent
+        assert all(at < when for at, when in zip(opened[1:], sent[1:]))  # the rest find one opened ahead
+        assert fake.closed_unused == 1  # the last one opened ahead, closed by stop()
+
+    asyncio.run(run())
+
+
+def test_a_connection_opened_ahead_is_for_posts_and_closed_unused_once_stale() -> None:
+    async def run() -> None:
+        fake = ClosingUpstream()
+        async with fake as url:
+            connector = ConnectAhead(fresh_s=0.2)
+            async with aiohttp.ClientSession(connector=connector) as session:
+                async def post() -> float:
+                    sent = time.perf_counter()
+                    async with session.post(url + "/v1/chat/completions", json={}) as response:
+                        await response.read()
+                    return sent
+                await post()
+                await asyncio.sleep(0.05)
+                got = time.perf_counter()
+                async with session.get(url + "/health") as response:
+                    assert response.status == 200
+                assert fake.accepted["GET"][-1] > got  # a GET connects for itself
+                sent = await post()
+                assert fake.accepted["POST"][-1] < sent and connector.taken == 1  # it took the one opened ahead
+                await asyncio.sleep(0.4)  # the one opened after it goes stale
+                assert fake.closed_unused == 1
+                sent = await post()
+                assert fake.accepted["POST"][-1] > sent and connector.taken == 1
 
     asyncio.run(run())

@@ -31,8 +31,9 @@ import structlog
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from lamina_hookspecs.errors import (
     InvalidRequestError,
@@ -101,13 +102,13 @@ class ClientGone(Exception):
     """The client disconnected while its request was being answered."""
 
 
-async def _disconnected(http: HttpRequest) -> None:
+async def _disconnected(receive: Receive) -> None:
     """Return once the client has disconnected (its body is read, so nothing else arrives)."""
-    while (await http.receive())["type"] != "http.disconnect":
+    while (await receive())["type"] != "http.disconnect":
         pass
 
 
-async def while_connected(http: HttpRequest, work: Awaitable[_T]) -> _T:
+async def while_connected(receive: Receive, work: Awaitable[_T]) -> _T:
     """Await ``work``; if the client disconnects first, it is cancelled and `ClientGone` raised.
 
     ``work`` runs in this task, not a new one, so what it binds in contextvars (the request's log
@@ -119,7 +120,7 @@ async def while_connected(http: HttpRequest, work: Awaitable[_T]) -> _T:
 
     async def watch() -> None:
         nonlocal gone
-        await _disconnected(http)
+        await _disconnected(receive)
         gone = True
         handler.cancel()
 
@@ -359,7 +360,7 @@ class Server:
         chunks = run_request(self.stack, ctx, body, parsed)
         self.in_flight += 1
         try:
-            first = await while_connected(http, self._output(ctx, anext(chunks)))
+            first = await while_connected(http.receive, self._output(ctx, anext(chunks)))
         except LaminaError as error:
             self.in_flight -= 1
             return error_response(error, ctx.request_id)
@@ -379,7 +380,7 @@ class Server:
         headers = self._headers(ctx, ignored)
         if not request.stream:
             try:
-                collected = [first] + await while_connected(http, self._output(ctx, _rest(chunks)))
+                collected = [first] + await while_connected(http.receive, self._output(ctx, _rest(chunks)))
             except LaminaError as error:
                 return error_response(error, ctx.request_id)
             except ClientGone:
@@ -396,8 +397,7 @@ class Server:
         meta = StreamMeta(request_id=ctx.request_id, model=request.model, created=int(time.time()),
                           kind="chat" if kind == "chat" else "completion", include_usage=options.get("include_usage"),
                           choices=request.n)
-        return StreamingResponse(self._stream(codec, meta, ctx, first, chunks), media_type=codec.media_type,
-                                 headers=headers)
+        return _TokenStream(self, codec.encoder(), meta, ctx, first, chunks, codec.media_type, headers)
 
     async def _shut(self, chunks: AsyncIterator[TokenChunk], ctx: RequestContext) -> Response:
         """Abort a request the server stopped before it finished: 503 ``shutdown``."""
@@ -410,40 +410,11 @@ class Server:
         self.metrics.aborted("client_gone")
         return Response(status_code=CLIENT_CLOSED)
 
-    async def _stream(self, codec: Codec, meta: StreamMeta, ctx: RequestContext, first: TokenChunk,
-                      chunks: AsyncIterator[TokenChunk]) -> AsyncIterator[bytes]:
-        """The encoded stream, read ahead of the client (`_read_ahead`) so that the request's
-        executor never waits on a socket; a client that falls `stream_buffer_bytes` behind is
-        aborted (``slow_client``): its engine work is freed and what it holds is bounded."""
-        buffer = _StreamBuffer(self.stream_buffer_bytes)
-        reader = asyncio.ensure_future(self._read_ahead(codec.encoder(), meta, ctx, first, chunks, buffer))
-        ended = False
-        try:
-            last = time.monotonic()
-            while (item := await buffer.get()) is not None:
-                data, has_output = item
-                yield data
-                now = time.monotonic()
-                if has_output:
-                    self.metrics.inter_token(ctx, now - last)
-                last = now
-            ended = True  # the reader may still be closing the request's stream: let it finish
-        finally:
-            if not ended and not reader.done():  # the client left while the request ran
-                reader.cancel()
-                self.metrics.aborted("client_gone")
-            # Starlette cancels this generator again at every await once the client is gone; shielded,
-            # the reader is cancelled once only, so the executor's own clean-up (closing an upstream
-            # connection, say) runs to its end.
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(asyncio.gather(reader, return_exceptions=True))
-
-    async def _read_ahead(self, encoder: StreamEncoder, meta: StreamMeta, ctx: RequestContext, first: TokenChunk,
+    async def _read_ahead(self, encoder: StreamEncoder, ctx: RequestContext, ended: bool,
                           chunks: AsyncIterator[TokenChunk], buffer: _StreamBuffer) -> None:
-        """Encode ``chunks`` into ``buffer`` as they come, then end it; on overflow, abort them."""
+        """Encode ``chunks`` (after the first, already sent; ``ended`` if it was final) into ``buffer``
+        as they come, then end it; on overflow, abort them."""
         try:
-            buffer.put(encoder.header(meta) + encoder.chunk(first), first.has_output)
-            ended = first.is_final
             while not ended and not buffer.overflowed:
                 try:
                     chunk = await self._output(ctx, anext(chunks))
@@ -465,3 +436,49 @@ class Server:
             self.in_flight -= 1
             buffer.end()
             await chunks.aclose()  # type: ignore[attr-defined]
+
+
+class _TokenStream(Response):
+    """A streamed answer. Its head and first chunk (which exists already) are written at once; the
+    rest is read ahead of the client (`Server._read_ahead`) so that the request's executor never waits
+    on a socket. A client that falls ``stream_buffer_bytes`` behind is aborted (``slow_client``): its
+    engine work is freed and what it holds is bounded; one that leaves aborts it (``client_gone``)."""
+
+    def __init__(self, server: Server, encoder: StreamEncoder, meta: StreamMeta, ctx: RequestContext,
+                 first: TokenChunk, chunks: AsyncIterator[TokenChunk], media_type: str,
+                 headers: Mapping[str, str]) -> None:
+        self.server, self.ctx, self.chunks = server, ctx, chunks
+        self.status_code, self.media_type, self.background = 200, media_type, None
+        self.init_headers(headers)
+        self.opening = encoder.header(meta) + encoder.chunk(first)
+        self.buffer = _StreamBuffer(server.stream_buffer_bytes)
+        self.reader = asyncio.ensure_future(server._read_ahead(encoder, ctx, first.is_final, chunks, self.buffer))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ended = False
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": self.opening, "more_body": True})
+            await while_connected(receive, self._write(send))
+            ended = True  # the reader may still be closing the request's stream: let it finish
+        except ClientGone:
+            pass
+        finally:
+            if not ended and not self.reader.done():
+                self.reader.cancel()
+                self.server.metrics.aborted("client_gone")
+            # shielded: a second cancellation of this task cannot cut the executor's own clean-up
+            # (closing an upstream connection, say) short
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(asyncio.gather(self.reader, return_exceptions=True))
+
+    async def _write(self, send: Send) -> None:
+        last = time.monotonic()
+        while (item := await self.buffer.get()) is not None:
+            data, has_output = item
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+            now = time.monotonic()
+            if has_output:
+                self.server.metrics.inter_token(self.ctx, now - last)
+            last = now
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -34,6 +34,7 @@ from lamina_hookspecs.errors import (
 )
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
+from lamina_upstream.connect_ahead import ConnectAhead
 from lamina_upstream.options import OWNED_BY, TEXT_ONLY, Engine, UpstreamOptions
 from lamina_upstream.upstream_body import CHAT_PATH, upstream_call
 from lamina_upstream.upstream_load import HEALTH_PATH, UpstreamLoad, load_from_metrics, load_from_slots
@@ -51,8 +52,8 @@ MAX_LINE_BYTES = 1 << 20
 CLOSES_AFTER_STREAM: frozenset[Engine] = frozenset({"llama-server"})
 """Engines that close a connection once they have streamed a response over it (llama-server, while
 still announcing keep-alive). Every request to one asks for ``Connection: close`` and gets its own
-connection: pooled, a streamed-over connection would be reused before the close arrived, and that
-request fail with nothing sent."""
+connection, opened ahead for POSTs (:mod:`lamina_upstream.connect_ahead`): pooled, a streamed-over
+connection would be reused before the close arrived, and that request fail with nothing sent."""
 
 KEEPALIVE_S = 4.0
 """How long an idle connection is kept for reuse: under the 5 s after which uvicorn (Lamina's and
@@ -141,8 +142,9 @@ class UpstreamExecutor:
         # connect: a place in the pool and the connection; sock_read: the silence allowed between reads
         timeout = aiohttp.ClientTimeout(total=None, connect=self.options.connect_timeout_s,
                                         sock_read=self.options.read_timeout_s)
-        reuse: dict[str, Any] = {"force_close": True} if force_close else {"keepalive_timeout": KEEPALIVE_S}
-        connector = aiohttp.TCPConnector(limit=self.options.max_in_flight + 4, **reuse)  # the poller's beside streams
+        limit = self.options.max_in_flight + 4  # the poller's beside streams
+        connector = ConnectAhead(limit=limit) if force_close else \
+            aiohttp.TCPConnector(limit=limit, keepalive_timeout=KEEPALIVE_S)
         return aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector)
 
     async def stop(self) -> None:
