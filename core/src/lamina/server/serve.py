@@ -28,6 +28,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from lamina.server.grpc_service import InferenceService, start_grpc
+from lamina.server.http_protocol import HeadWithFirstChunk
 from lamina.server.http import Server
 from lamina.server.priority import lower_other_threads
 from lamina.kernel.drain import until_idle
@@ -38,10 +39,6 @@ log = structlog.get_logger(__name__)
 ABORT_GRACE_S = 2.0
 """How long requests aborted at the end of a drain get to send their answers before the server closes."""
 
-
-HTTP_PARSER = "httptools"
-"""uvicorn's HTTP/1.1 implementation: on httptools (llhttp, Node's C parser) rather than h11, which parses
-and writes every request and stream chunk in Python (benchmarks/README.md, the upstream hop notes)."""
 
 class _DrainingServer(uvicorn.Server):
     """uvicorn, with a first SIGTERM that drains instead of closing connections."""
@@ -169,7 +166,7 @@ def serve(stack: Stack) -> int:
     app = build_app(stack, http, grpc, start_failed,
                     lambda: log.info("threads_lowered", count=lower_other_threads(settings.compute_nice),
                                      nice=settings.compute_nice))
-    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, http=HTTP_PARSER,
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, http=HeadWithFirstChunk,
                             timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)))
     server = _DrainingServer(config, http, grpc, settings.drain_timeout_s)
     _say(f"stack '{stack.config.meta.name}': {stack.info.components}")

@@ -13,7 +13,8 @@ from lamina.kernel.plugins import load_plugins
 from lamina.kernel.stack_config import StackConfig
 from lamina.pool import build_stack
 from lamina.server.http import Server
-from lamina.server.serve import HTTP_PARSER, build_app
+from lamina.server.http_protocol import HeadWithFirstChunk
+from lamina.server.serve import build_app
 
 START_TIMEOUT_S = 300.0
 """How long a stack may take to serve: a real model compiles every shape while it starts."""
@@ -28,7 +29,7 @@ class LiveServer:
         self.stack = build_stack(StackConfig.from_dict(config, plugins.registry), plugins)
         self.http = Server(self.stack)
         self.server = uvicorn.Server(uvicorn.Config(build_app(self.stack, self.http), host="127.0.0.1", port=0,
-                                                    log_config=None, access_log=False, http=HTTP_PARSER))
+                                                    log_config=None, access_log=False, http=HeadWithFirstChunk))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = ""
 
