@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 
@@ -51,6 +51,7 @@ class ClosingUpstream:
         self.unanswered = 0
         self.accepted: dict[str, list[float]] = {"GET": [], "POST": []}  # per request, by method
         self.closed_unused = 0  # connections closed by the client before any request
+        self.open = 0  # connections not yet closed
         self._server: asyncio.Server | None = None
 
     async def __aenter__(self) -> str:
@@ -63,6 +64,7 @@ class ClosingUpstream:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         accepted, served = time.perf_counter(), False
+        self.open += 1
         try:
             while head := await reader.readuntil(b"\r\n\r\n"):
                 method, path, _ = head.split(b"\r\n", 1)[0].decode().split(" ", 2)
@@ -87,6 +89,7 @@ class ClosingUpstream:
         except (asyncio.IncompleteReadError, ConnectionError):
             self.closed_unused += not served
         finally:
+            self.open -= 1
             writer.close()
 
 
@@ -96,6 +99,16 @@ async def _arrives(reader: asyncio.StreamReader, within_s: float) -> bool:
         return bool(await asyncio.wait_for(reader.read(1), within_s))
     except TimeoutError:
         return False
+
+
+async def _until(condition: Callable[[], bool], within_s: float = 5.0) -> bool:
+    """Whether ``condition`` holds within ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
 
 
 async def _text(stream: AsyncIterator[TokenChunk]) -> str:
@@ -120,12 +133,11 @@ def test_requests_and_polls_after_a_stream_never_reuse_the_connection_llama_serv
                     assert executor.state().healthy
             finally:
                 await executor.stop()
-            await asyncio.sleep(0.05)  # for the fake to see the close
+            assert await _until(lambda: fake.open == 0)  # stop() closed the one opened ahead too
         assert fake.streams == 6 and fake.unanswered == 0
         opened = fake.accepted["POST"]
         assert opened[0] > sent[0]  # the first connects when it is sent
         assert all(at < when for at, when in zip(opened[1:], sent[1:]))  # the rest find one opened ahead
-        assert fake.closed_unused == 1  # the last one opened ahead, closed by stop()
 
     asyncio.run(run())
 
@@ -149,8 +161,7 @@ def test_a_connection_opened_ahead_is_for_posts_and_closed_unused_once_stale() -
                 assert fake.accepted["GET"][-1] > got  # a GET connects for itself
                 sent = await post()
                 assert fake.accepted["POST"][-1] < sent and connector.taken == 1  # it took the one opened ahead
-                await asyncio.sleep(0.4)  # the one opened after it goes stale
-                assert fake.closed_unused == 1
+                assert await _until(lambda: fake.closed_unused == 1)  # the one opened after it goes stale
                 sent = await post()
                 assert fake.accepted["POST"][-1] > sent and connector.taken == 1
 

@@ -447,7 +447,7 @@ class _TokenStream(Response):
     def __init__(self, server: Server, encoder: StreamEncoder, meta: StreamMeta, ctx: RequestContext,
                  first: TokenChunk, chunks: AsyncIterator[TokenChunk], media_type: str,
                  headers: Mapping[str, str]) -> None:
-        self.server, self.ctx, self.chunks = server, ctx, chunks
+        self.server, self.ctx = server, ctx
         self.status_code, self.media_type, self.background = 200, media_type, None
         self.init_headers(headers)
         self.opening = encoder.header(meta) + encoder.chunk(first)
