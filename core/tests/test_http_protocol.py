@@ -64,7 +64,8 @@ async def _served(app: Any, request: bytes) -> _Transport:
 
 
 def test_a_streams_head_goes_out_with_its_first_chunk_and_later_chunks_alone() -> None:
-    transport = asyncio.run(_served(_stream, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"))
+    request = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+    transport = asyncio.run(_served(_stream, request))
     head, *rest = transport.writes
     assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\nb\r\ndata: one\n\n\r\n")
     assert rest == [b"b\r\ndata: two\n\n\r\n", b"0\r\n\r\n"] and not transport.closed

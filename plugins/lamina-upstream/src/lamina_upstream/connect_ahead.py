@@ -3,10 +3,10 @@ each connection once they have streamed a response over it (llama-server).
 
 Against such an engine every request needs a new connection, and opening one (the TCP connect and
 aiohttp's set-up of it) lies on the request's way to its first token. `ConnectAhead` opens the next
-connection `AFTER_CLOSE_S` after a POST's connection closes, so that the next POST finds one waiting. GETs (the
-health and load polls) connect for themselves and leave it be. A connection nobody took within
-``fresh_s`` is closed unused: llama-server's HTTP library closes idle ones after 5 s, and one it closed
-just as a request went out would fail that request with nothing sent.
+connection `AFTER_CLOSE_S` after a POST's connection closes, so that the next POST finds one waiting.
+GETs (the health and load polls) connect for themselves and leave it be. A connection nobody took
+within ``fresh_s`` is closed unused: llama-server's HTTP library closes idle ones after 5 s, and one
+it closed just as a request went out would fail that request with nothing sent.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class ConnectAhead(aiohttp.TCPConnector):
         closed = proto.closed
         if closed is not None:
             loop = asyncio.get_running_loop()
-            closed.add_done_callback(lambda _: loop.call_later(AFTER_CLOSE_S, self._open_ahead, req, traces, timeout))
+            closed.add_done_callback(
+                lambda _: loop.call_later(AFTER_CLOSE_S, self._open_ahead, req, traces, timeout))
         return proto
 
     def _take(self, key: ConnectionKey) -> ResponseHandler | None:
