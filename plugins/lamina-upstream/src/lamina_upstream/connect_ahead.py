@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import Any
 
 import aiohttp
@@ -37,7 +36,6 @@ class ConnectAhead(aiohttp.TCPConnector):
         self.taken = 0  # requests that found a connection waiting
         self._ahead: asyncio.Task[ResponseHandler] | None = None
         self._ahead_key: ConnectionKey | None = None
-        self._ahead_since = 0.0
 
     async def _create_connection(self, req: ClientRequest, traces: list[Any],
                                  timeout: aiohttp.ClientTimeout) -> ResponseHandler:
@@ -58,8 +56,8 @@ class ConnectAhead(aiohttp.TCPConnector):
         return proto
 
     def _take(self, key: ConnectionKey) -> ResponseHandler | None:
-        """The connection opened ahead, if it is open, fresh and to ``key``; else None (one still
-        connecting stays for a later request)."""
+        """The connection opened ahead, if it is open and to ``key`` (`_expire` closes a stale one);
+        else None (one still connecting stays for a later request)."""
         ahead = self._ahead
         if ahead is None or not ahead.done():
             return None
@@ -67,7 +65,7 @@ class ConnectAhead(aiohttp.TCPConnector):
         if ahead.cancelled() or ahead.exception() is not None:
             return None
         proto = ahead.result()
-        if key == self._ahead_key and proto.is_connected() and time.monotonic() - self._ahead_since < self.fresh_s:
+        if key == self._ahead_key and proto.is_connected():
             return proto
         proto.close()
         return None
@@ -75,7 +73,7 @@ class ConnectAhead(aiohttp.TCPConnector):
     def _open_ahead(self, req: ClientRequest, traces: list[Any], timeout: aiohttp.ClientTimeout) -> None:
         if self._ahead is not None or self.closed:
             return
-        self._ahead_key, self._ahead_since = req.connection_key, time.monotonic()
+        self._ahead_key = req.connection_key
         ahead = self._ahead = asyncio.ensure_future(super()._create_connection(req, traces, timeout))
         ahead.add_done_callback(_failure_seen)
         asyncio.get_running_loop().call_later(self.fresh_s, self._expire, ahead)
