@@ -6,11 +6,11 @@
 // the ones llama.cpp's matrix-vector products use): the rows of x are quantized to the format's
 // dot type (Q8_1 for Q4_1, Q8_0 for Q8_0) and each output is one `vec_dot` over a weight row.
 //
-// LaminaGgmlMatmulF32 keeps x in float32 and decodes each block in registers, so its products are
-// those of the float32 matrix the blocks hold, up to the order of the float32 sums: ggml has no
+// LaminaGgmlMatmulF32 keeps x in float32 and decodes each block in registers into the float32
+// weights it holds (Q4_1: w = d*q + m; Q8_0: w = d*q), once for a tile of rows of x, so its
+// products are those of the float32 matrix, up to the order of the float32 sums: ggml has no
 // kernel that leaves the activations unrounded, and this one changes no greedy token of a GGUF
-// whose matrices are these blocks. It handles Q4_1 (w = d*q + m, summed as d*sum(q*x) + m*sum(x))
-// and Q8_0 (w = d*q).
+// whose matrices are these blocks.
 //
 // Built by scripts/kernels/build_ggml_matmul.sh against a native build of ggml; loaded by
 // lamina_jax.model.ggml.
@@ -34,7 +34,7 @@ namespace {
 
 const bool kInitialized = (ggml_cpu_init(), true);  // ggml-cpu's fp16 tables, before any vec_dot
 
-constexpr int64_t kSlice = 64;  // output rows per unit of work
+constexpr int64_t kSlice = 48;  // output rows per unit of work: whole tiles of 1, 2, 4, 6 or 8 of them
 
 ffi::Error CheckShapes(ggml_type type, const ffi::Buffer<ffi::F32> &x, const ffi::Buffer<ffi::U8> &w, int64_t n) {
   const int64_t k = x.dimensions()[1];
@@ -130,78 +130,75 @@ INLINE float Sum(Vec v) {  // a tree, not a chain of dependent additions: 16 lan
   return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
 }
 
-// Rows of x against each decoded block (its weights are decoded once per group). On AVX2, 8 (one
-// 8-lane accumulator per row, the decoded block's four vectors beside them) made 16 rows 1.4x
-// faster than 4 did; AVX-512 keeps the 4 it was measured with.
-#if defined(__AVX512F__)
-constexpr int kRowGroup = 4;
-#else
-constexpr int kRowGroup = 8;
-#endif
-
 // Q4_1 block: d, m (fp16), then 16 bytes of nibbles, weights 0-15 low and 16-31 high; w = d*q + m.
 struct Q4_1 {
   static constexpr int kBytes = 20;
-  static constexpr bool kOffset = true;
-  static INLINE void Decode(const uint8_t *w, float &d, float &m, Vec *q) {
+  static INLINE void Decode(const uint8_t *w, Vec *out) {
+    float d, m;
     Halves(w, d, m);
-    Nibbles(Bytes(w + 4), q);
+    Nibbles(Bytes(w + 4), out);
+    for (int p = 0; p < kParts; ++p) out[p] = out[p] * d + m;
   }
 };
 
 // Q8_0 block: d (fp16), then 32 signed bytes; w = d*q.
 struct Q8_0 {
   static constexpr int kBytes = 34;
-  static constexpr bool kOffset = false;
-  static INLINE void Decode(const uint8_t *w, float &d, float &m, Vec *q) {
-    d = Half(w), m = 0;
-    SignedBytes(w + 2, q);
+  static INLINE void Decode(const uint8_t *w, Vec *out) {
+    const float d = Half(w);
+    SignedBytes(w + 2, out);
+    for (int p = 0; p < kParts; ++p) out[p] = out[p] * d;
   }
 };
 
-// Adds block b of a weight row to the R accumulators: d * q . x, and m * sum(x) where the block
-// has an offset (xsum[r][b]: the sum of x[r]'s block b).
-template <typename Block, int R>
-INLINE void Accumulate(const uint8_t *w, int64_t b, const float *const *x, const float *const *xsum, Vec *acc,
-                       float *offsets) {
-  float d, m;
-  Vec q[kParts];
-  Block::Decode(w, d, m, q);
-  for (int r = 0; r < R; ++r) {
-    const float *xb = x[r] + b * 32;
-    Vec t = q[0] * Load<Vec>(xb);
-    for (int p = 1; p < kParts; ++p) t += q[p] * Load<Vec>(xb + p * kLanes);
-    acc[r] += d * t;
-    if constexpr (Block::kOffset) offsets[r] += m * xsum[r][b];
+// A tile of the product: R rows of x against C weight rows, each block of the C weight rows decoded
+// once (into the float32 weights it holds: d*q is exact in float32, so d*q + m is the weight as
+// ggml decodes it) and multiplied with all R rows. R*C accumulators, one per output, are independent
+// chains. The tile sizes are the fastest measured on one core (benchmarks/README.md, "the q4_1-f32
+// product in tiles"); they keep accumulators and decoded blocks in the CPU's 32 (AVX-512) or 16
+// (AVX2) vector registers, or nearly.
+#if defined(__AVX512F__)
+constexpr int kRowTile = 4;
+constexpr int Channels(int rows) { return rows == 1 ? 4 : 6; }
+#else
+constexpr int kRowTile = 8;
+constexpr int Channels(int rows) { return rows <= 2 ? 2 : 1; }
+#endif
+
+template <typename Block, int R, int C>
+INLINE void Tile(const uint8_t *w, size_t w_row, int64_t blocks, const float *x, int64_t k, float *out,
+                 int64_t n) {
+  Vec acc[R][C] = {};
+  for (int64_t b = 0; b < blocks; ++b) {
+    Vec wv[C][kParts];
+    for (int c = 0; c < C; ++c) Block::Decode(w + c * w_row + b * Block::kBytes, wv[c]);
+    for (int r = 0; r < R; ++r)
+      for (int p = 0; p < kParts; ++p) {
+        const Vec xv = Load<Vec>(x + r * k + b * 32 + p * kLanes);
+        for (int c = 0; c < C; ++c) acc[r][c] += wv[c][p] * xv;
+      }
   }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) out[r * n + c] = Sum(acc[r][c]);
 }
 
-// out[r] = x[r] . (a row of blocks), for R rows of x. Up to 4 rows, even and odd blocks go to
-// separate accumulators, so that no chain of dependent additions sets the pace; with more, the
-// rows' own accumulators are chains enough, and AVX2's registers hold no second set.
+// Output columns [lo, hi) for R rows of x: tiles of Channels(R) weight rows, then one at a time.
 template <typename Block, int R>
-void Dot(const uint8_t *w, int64_t blocks, const float *const *x, const float *const *xsum, float *const *out) {
-  constexpr int C = R <= 4 ? 2 : 1;
-  Vec acc[C][R] = {};
-  float offsets[C][R] = {};
-  int64_t b = 0;
-  for (; b + C <= blocks; b += C)
-    for (int c = 0; c < C; ++c) Accumulate<Block, R>(w + (b + c) * Block::kBytes, b + c, x, xsum, acc[c], offsets[c]);
-  for (; b < blocks; ++b) Accumulate<Block, R>(w + b * Block::kBytes, b, x, xsum, acc[0], offsets[0]);
-  for (int r = 0; r < R; ++r) {
-    Vec total = acc[0][r];
-    float offset = offsets[0][r];
-    for (int c = 1; c < C; ++c) total += acc[c][r], offset += offsets[c][r];
-    *out[r] = Sum(total) + offset;
-  }
+void Columns(const uint8_t *ws, size_t w_row, int64_t blocks, const float *x, int64_t k, float *out, int64_t n,
+             int64_t lo, int64_t hi) {
+  constexpr int C = Channels(R);
+  int64_t j = lo;
+  for (; j + C <= hi; j += C) Tile<Block, R, C>(ws + j * w_row, w_row, blocks, x, k, out + j, n);
+  for (; j < hi; ++j) Tile<Block, R, 1>(ws + j * w_row, w_row, blocks, x, k, out + j, n);
 }
 
-using DotFn = void (*)(const uint8_t *, int64_t, const float *const *, const float *const *, float *const *);
+using ColumnsFn = void (*)(const uint8_t *, size_t, int64_t, const float *, int64_t, float *, int64_t, int64_t,
+                           int64_t);
 
-// Dot<Block, R> for R = 1 .. kRowGroup, by R - 1.
+// Columns<Block, R> for R = 1 .. kRowTile, by R - 1.
 template <typename Block, size_t... I>
-constexpr std::array<DotFn, sizeof...(I)> DotsByRows(std::index_sequence<I...>) {
-  return {Dot<Block, I + 1>...};
+constexpr std::array<ColumnsFn, sizeof...(I)> ColumnsByRows(std::index_sequence<I...>) {
+  return {Columns<Block, I + 1>...};
 }
 
 template <typename Block>
@@ -209,28 +206,11 @@ ffi::Error MatmulF32With(const ffi::Buffer<ffi::F32> &x, const uint8_t *ws, size
                          ffi::ThreadPool &pool) {
   const int64_t rows = x.dimensions()[0], k = x.dimensions()[1], blocks = k / 32;
   const float *xs = x.typed_data();
-  constexpr bool sums = Block::kOffset;
-  std::vector<float> xsum(sums ? rows * blocks : 0);
-  for (int64_t r = 0; sums && r < rows; ++r)
-    for (int64_t b = 0; b < blocks; ++b) {
-      float s = 0;
-      for (int i = 0; i < 32; ++i) s += xs[r * k + b * 32 + i];
-      xsum[r * blocks + b] = s;
-    }
-  static constexpr auto kDots = DotsByRows<Block>(std::make_index_sequence<kRowGroup>());
+  static constexpr auto kColumns = ColumnsByRows<Block>(std::make_index_sequence<kRowTile>());
   lamina::InSlices(n, kSlice, pool, [&](int64_t lo, int64_t hi) {
-    for (int64_t r0 = 0; r0 < rows; r0 += kRowGroup) {
-      const int group = static_cast<int>(std::min<int64_t>(kRowGroup, rows - r0));
-      const float *x_rows[kRowGroup], *sum_rows[kRowGroup];
-      float *out_rows[kRowGroup];
-      for (int r = 0; r < group; ++r) {
-        x_rows[r] = xs + (r0 + r) * k;
-        sum_rows[r] = sums ? xsum.data() + (r0 + r) * blocks : nullptr;
-      }
-      for (int64_t j = lo; j < hi; ++j) {
-        for (int r = 0; r < group; ++r) out_rows[r] = out + (r0 + r) * n + j;
-        kDots[group - 1](ws + j * w_row, blocks, x_rows, sum_rows, out_rows);
-      }
+    for (int64_t r0 = 0; r0 < rows; r0 += kRowTile) {
+      const int tile = static_cast<int>(std::min<int64_t>(kRowTile, rows - r0));
+      kColumns[tile - 1](ws, w_row, blocks, xs + r0 * k, k, out + r0 * n, n, lo, hi);
     }
   });
   return ffi::Error::Success();

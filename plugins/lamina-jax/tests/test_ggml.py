@@ -58,12 +58,13 @@ def test_rows_that_do_not_split_into_blocks_are_refused() -> None:
 @pytest.mark.parametrize("kind", ["q4_1", "q8_0"])
 def test_float32_activations_give_the_products_of_the_matrix_the_blocks_hold(kind: str) -> None:
     """Unrounded activations: the products equal float64 ones with the decoded matrix to float32
-    rounding, for every size of row group and an odd number of blocks per row (96 weights)."""
+    rounding, for every size of row tile, more than one tile of rows, weight rows that leave a
+    partial tile of them (70) and an odd number of blocks per row (96 weights)."""
     rng = np.random.default_rng(1)
     w = ggml.quantize(rng.standard_normal((70, 96)).astype(np.float32), kind)
     decoded = _dequantized(w).astype(np.float64)
     product = jax.jit(lambda a: ggml.matmul(a, w, float32_activations=True))
-    for rows in (1, 2, 3, 4, 5, 9):
+    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 17):
         x = rng.standard_normal((rows, 96)).astype(np.float32)
         want = x @ decoded.T
         error = np.abs(np.asarray(product(jnp.asarray(x))) - want).max() / np.abs(want).max()
