@@ -324,7 +324,11 @@ def _paged_attention(q: jax.Array, pools: _Pools, tables: jax.Array, num_chunks:
     k_pool, v_pool, k_scale, v_scale = pools
     groups, length, n_heads, head_dim = q.shape
     n_kv_heads = k_pool.shape[1]
-    q = q.reshape(groups, length, n_kv_heads, n_heads // n_kv_heads, head_dim) / math.sqrt(head_dim)
+    group = n_heads // n_kv_heads
+    # each KV head's queries (every position's, each of its query heads) in one matrix [T * group, d],
+    # so that the scores and the weighted sum are one plain matrix product per KV head
+    q = q.reshape(groups, length, n_kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
+    q = q.reshape(groups, n_kv_heads, length * group, head_dim) / math.sqrt(head_dim)
     rows = groups // num_chunks.shape[0]
 
     def segment(s: int) -> jax.Array:
@@ -335,13 +339,13 @@ def _paged_attention(q: jax.Array, pools: _Pools, tables: jax.Array, num_chunks:
             top, norm, acc = carry
             blocks = lax.dynamic_slice_in_dim(ts, i * ATTENTION_CHUNK, ATTENTION_CHUNK, axis=1)
             keys, values = _read(k_pool, k_scale, blocks), _read(v_pool, v_scale, blocks)  # [R, H_kv, L, d]
-            scores = jnp.einsum("gtkhd,gkld->gtkhl", qs, keys)
-            visible = key_mask(i)[part, :, None, None, :]
+            scores = jnp.einsum("gkqd,gkld->gkql", qs, keys)
+            visible = jnp.repeat(key_mask(i)[part], group, axis=1)[:, None]
             new_top = jnp.maximum(top, jnp.max(jnp.where(visible, scores, _MASKED), axis=-1))
             probs = jnp.where(visible, jnp.exp(scores - new_top[..., None]), 0.0)
             rescale = jnp.exp(top - new_top)
             return (new_top, norm * rescale + jnp.sum(probs, axis=-1),
-                    acc * rescale[..., None] + jnp.einsum("gtkhl,gkld->gtkhd", probs, values))
+                    acc * rescale[..., None] + jnp.einsum("gkql,gkld->gkqd", probs, values))
 
         shape = qs.shape[:-1]
         init = (jnp.full(shape, _MASKED), jnp.zeros(shape), jnp.zeros(qs.shape))
@@ -349,6 +353,7 @@ def _paged_attention(q: jax.Array, pools: _Pools, tables: jax.Array, num_chunks:
         return acc / jnp.maximum(norm, np.finfo(np.float32).tiny)[..., None]
 
     out = jnp.concatenate([segment(s) for s in range(num_chunks.shape[0])])
+    out = out.reshape(groups, n_kv_heads, length, group, head_dim).transpose(0, 2, 1, 3, 4)
     return out.reshape(groups, length, n_heads * head_dim)
 
 
