@@ -381,6 +381,14 @@ def test_kv_memory_fraction_is_a_share_beside_no_kv_cache_mb() -> None:
         JaxOptions(kv_cache_mb=64, kv_memory_fraction=0.5)
 
 
+def test_the_decoding_prefill_chunk_is_at_most_the_prefill_chunk() -> None:
+    with pytest.raises(ValueError, match=r"decoding_prefill_chunk \(512\) is over prefill_chunk \(256\)"):
+        JaxOptions(decoding_prefill_chunk=512)
+    with pytest.raises(ValueError, match="decoding_prefill_chunk"):
+        JaxOptions(decoding_prefill_chunk=8)
+    assert JaxOptions(prefill_chunk=64, decoding_prefill_chunk=64).decoding_prefill_chunk == 64
+
+
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="refused on the CPU backend only")
 def test_kv_memory_fraction_is_refused_on_the_cpu(tiny_gguf: Path) -> None:
     with pytest.raises(ValueError, match="kv_memory_fraction = 0.5 sizes the KV cache on a GPU or TPU, and JAX "

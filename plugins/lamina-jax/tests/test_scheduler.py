@@ -37,6 +37,32 @@ def test_long_prompt_is_prefilled_in_chunks_beside_decoding() -> None:
     assert scheduler.running == [short, long]
 
 
+def test_a_step_that_decodes_prefills_at_most_the_decoding_chunk() -> None:
+    """Beside running streams a prompt advances by ``decoding_prefill_chunk`` tokens a step; with
+    nothing decoding, by ``prefill_chunk``."""
+    scheduler = Scheduler(BlockManager(BlockAllocator(100), block_size=4), max_batch=8, prefill_chunk=32,
+                          decoding_prefill_chunk=16)
+    first, second = seq("first", 3), seq("second", 40)
+    scheduler.add(first)
+    [work] = scheduler.schedule().prefills
+    scheduler.finish_prefill(work)
+    first.output_ids.append(7)
+    scheduler.add(second)
+    chunks = []
+    while second not in scheduler.running:
+        step = scheduler.schedule()
+        [work] = step.prefills
+        chunks.append((len(work.tokens), len(step.decode)))
+        scheduler.finish_prefill(work)
+        if first in step.decode:
+            first.num_computed += 1
+            first.output_ids.append(7)
+        if len(chunks) == 2:
+            scheduler.running.remove(first)  # it finishes: the rest of the prompt takes the whole budget
+            scheduler.blocks.release(first)
+    assert chunks == [(16, 1), (16, 1), (8, 0)]
+
+
 def test_packing_stops_at_the_block_table_capacity() -> None:
     scheduler = Scheduler(BlockManager(BlockAllocator(100), block_size=4), max_batch=8, prefill_chunk=64, table_capacity=5)
     for name in ("a", "b", "c"):

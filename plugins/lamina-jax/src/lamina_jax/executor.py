@@ -126,6 +126,7 @@ class JaxExecutor:
         self._precompile(runner)
         blocks = BlockManager(BlockAllocator(num_blocks), block_size=options.block_size, prefix_cache=self.prefix_cache)
         scheduler = Scheduler(blocks, max_batch=options.max_batch, prefill_chunk=options.prefill_chunk,
+                              decoding_prefill_chunk=options.decoding_prefill_chunk,
                               max_prefills=options.max_prefills, table_capacity=runner.table_capacity,
                               batching=self.batching, prewarm=self.prewarm)
         log.info("model_loaded", model=self.model.id, path=str(self.path), format=files.format,

@@ -74,6 +74,10 @@ class JaxOptions:
                     "(unset: no bound)"})
     prefill_chunk: int = attrs.field(default=256, validator=attrs.validators.ge(16), metadata={
         "help": "most prompt tokens prefilled per step (bounds how long running streams pause)"})
+    decoding_prefill_chunk: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.ge(16)), metadata={
+            "help": "most prompt tokens prefilled in a step that also decodes running streams, so that a new "
+                    "prompt pauses them for less (unset: prefill_chunk)"})
     max_prefills: int = attrs.field(default=8, validator=attrs.validators.ge(1), metadata={
         "help": "most waiting sequences prefilled together in one step (packed into one call)"})
     compile_cache_dir: str = attrs.field(default=str(Path("~/.cache/lamina/jax-compile").expanduser()), metadata={
@@ -89,6 +93,9 @@ class JaxOptions:
                 "shard, so that replicas on one host each take their own (default: the first ones)"})
 
     def __attrs_post_init__(self) -> None:
+        if self.decoding_prefill_chunk is not None and self.decoding_prefill_chunk > self.prefill_chunk:
+            raise ValueError(f"decoding_prefill_chunk ({self.decoding_prefill_chunk}) is over prefill_chunk "
+                             f"({self.prefill_chunk}), the most prompt tokens any step prefills")
         if self.kv_cache_mb is not None and self.kv_memory_fraction is not None:
             raise ValueError("kv_cache_mb and kv_memory_fraction both size the KV cache: give one of them")
         if self.devices is not None and len(self.devices) != self.tensor_parallel:

@@ -1,7 +1,8 @@
 """Continuous batching: which sequences run in the next engine step.
 
 Every step decodes one token for each running sequence and, beside that, prefills waiting
-sequences in queue order, packed into one call, within a budget of ``prefill_chunk`` tokens:
+sequences in queue order, packed into one call, within a budget of ``prefill_chunk`` tokens
+(``decoding_prefill_chunk`` in a step that also decodes, so that running streams pause for less):
 at most ``max_prefills`` of them, owning at most ``table_capacity`` blocks together, every one
 but the last whole. A long prompt is prefilled in chunks (chunked prefill), so it delays running
 streams by one chunk per step, never by the whole prompt, and a burst of short prompts starts
@@ -66,15 +67,16 @@ class Step:
 class Scheduler:
     """Owns the queue and the running batch and decides each step; runs on the engine thread."""
 
-    def __init__(self, blocks: BlockManager, *, max_batch: int, prefill_chunk: int, max_prefills: int = 8,
-                 table_capacity: int = 256, batching: BatchingPolicy | None = None,
-                 prewarm: PrewarmPolicy | None = None) -> None:
+    def __init__(self, blocks: BlockManager, *, max_batch: int, prefill_chunk: int,
+                 decoding_prefill_chunk: int | None = None, max_prefills: int = 8, table_capacity: int = 256,
+                 batching: BatchingPolicy | None = None, prewarm: PrewarmPolicy | None = None) -> None:
         self.blocks = blocks
         self.batching = batching
         self.prewarm = prewarm
         self.block_size = blocks.block_size
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
+        self.decoding_prefill_chunk = decoding_prefill_chunk or prefill_chunk
         self.max_prefills = max_prefills
         self.table_capacity = table_capacity
         self.waiting: deque[Sequence] = deque()
@@ -195,7 +197,8 @@ class Scheduler:
                     return []
             limit = min(self.batching.max_prefills(state), limit)
         works: list[PrefillWork] = []
-        budget, table_room = self.prefill_chunk, self.table_capacity
+        budget = self.decoding_prefill_chunk if num_decoding else self.prefill_chunk
+        table_room = self.table_capacity
         for seq in itertools.islice(self.waiting, min(limit, room)):
             if seq.fork_of is not None and seq.fork_of in self.waiting:
                 break  # a forked choice starts once its parent's prompt is computed (it reads its blocks)
