@@ -12,7 +12,7 @@
 // kernel that leaves the activations unrounded, and this one changes no greedy token of a GGUF
 // whose matrices are these blocks.
 //
-// Built by scripts/kernels/build_ggml_matmul.sh against a native build of ggml; loaded by
+// Built by scripts/kernels/build_cpu_kernels.sh against a native build of ggml; loaded by
 // lamina_jax.model.ggml.
 #include <algorithm>
 #include <array>
@@ -34,7 +34,7 @@ namespace {
 
 const bool kInitialized = (ggml_cpu_init(), true);  // ggml-cpu's fp16 tables, before any vec_dot
 
-constexpr int64_t kSlice = 48;  // output rows per unit of work: whole tiles of 1, 2, 4, 6 or 8 of them
+constexpr int64_t kSlice = 48;  // output rows per unit of work: a multiple of every tile's weight rows
 
 ffi::Error CheckShapes(ggml_type type, const ffi::Buffer<ffi::F32> &x, const ffi::Buffer<ffi::U8> &w, int64_t n) {
   const int64_t k = x.dimensions()[1];
