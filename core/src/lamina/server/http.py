@@ -50,6 +50,7 @@ from lamina_hookspecs.types import Request, RequestContext, StreamError, StreamM
 from lamina.kernel.admission import bearer_token
 from lamina.kernel.lifecycle import trace_context
 from lamina.kernel.pipeline import run_request
+from lamina.server.http_protocol import WRITABLE
 from lamina.server.metrics import Metrics
 from lamina import __version__
 from lamina.server.openai_api import (completion_body, parse_chat, parse_completion, parse_detokenize,
@@ -76,12 +77,18 @@ SLOW_CLIENT = ServiceUnavailableError(
 
 
 class _StreamBuffer:
-    """A stream's encoded output waiting for its client: ``(bytes, has output)`` items, then ``None``.
-    Past ``limit`` bytes held it is ``overflowed`` and takes no more."""
+    """A stream's encoded output held for its client: ``(bytes, has output)`` items, then ``None``.
+    Past ``limit`` bytes held it is ``overflowed`` and takes no more. ``writing`` is set while the
+    writer sends an item it took."""
 
     def __init__(self, limit: int) -> None:
-        self.limit, self.held, self.overflowed = limit, 0, False
+        self.limit, self.held, self.overflowed, self.writing = limit, 0, False, False
         self._items: asyncio.Queue[tuple[bytes, bool] | None] = asyncio.Queue()
+
+    @property
+    def empty(self) -> bool:
+        """Nothing held and nothing being written."""
+        return not self.writing and self._items.empty()
 
     def put(self, data: bytes, has_output: bool = False) -> None:
         self.held += len(data)
@@ -410,75 +417,103 @@ class Server:
         self.metrics.aborted("client_gone")
         return Response(status_code=CLIENT_CLOSED)
 
-    async def _read_ahead(self, encoder: StreamEncoder, ctx: RequestContext, ended: bool,
-                          chunks: AsyncIterator[TokenChunk], buffer: _StreamBuffer) -> None:
-        """Encode ``chunks`` (after the first, already sent; ``ended`` if it was final) into ``buffer``
-        as they come, then end it; on overflow, abort them."""
-        try:
-            while not ended and not buffer.overflowed:
-                try:
-                    chunk = await self._output(ctx, anext(chunks))
-                except StopAsyncIteration:
-                    break
-                ended = chunk.is_final
-                buffer.put(encoder.chunk(chunk), chunk.has_output)
-            if buffer.overflowed and not ended:
-                log.warning("stream_aborted_slow_client", held_bytes=buffer.held, limit_bytes=buffer.limit)
-                self.metrics.aborted("slow_client")
-                buffer.put(_error_event(encoder, SLOW_CLIENT))
-        except LaminaError as error:
-            buffer.put(_error_event(encoder, error))
-        except asyncio.CancelledError:
-            if not self._stopped():
-                raise
-            buffer.put(_error_event(encoder, SHUT_DOWN))
-        finally:
-            self.in_flight -= 1
-            buffer.end()
-            await chunks.aclose()  # type: ignore[attr-defined]
-
 
 class _TokenStream(Response):
-    """A streamed answer. Its head and first chunk (which exists already) are written at once; the
-    rest is read ahead of the client (`Server._read_ahead`) so that the request's executor never waits
-    on a socket. A client that falls ``stream_buffer_bytes`` behind is aborted (``slow_client``): its
-    engine work is freed and what it holds is bounded; one that leaves aborts it (``client_gone``)."""
+    """A streamed answer. Its head and first chunk (which exists already) are written at once; a
+    reader task then pulls the rest and writes each chunk itself while nothing is held and the
+    transport takes writes without waiting (:data:`~lamina.server.http_protocol.WRITABLE`); otherwise
+    it holds them for the handler's task, which writes as the client reads. So the request's executor
+    never waits on a socket. A client that falls ``stream_buffer_bytes`` behind is aborted
+    (``slow_client``): its engine work is freed and what it holds is bounded; one that leaves aborts it
+    (``client_gone``)."""
 
     def __init__(self, server: Server, encoder: StreamEncoder, meta: StreamMeta, ctx: RequestContext,
                  first: TokenChunk, chunks: AsyncIterator[TokenChunk], media_type: str,
                  headers: Mapping[str, str]) -> None:
-        self.server, self.ctx = server, ctx
+        self.server, self.encoder, self.ctx, self.chunks, self.ended = server, encoder, ctx, chunks, first.is_final
         self.status_code, self.media_type, self.background = 200, media_type, None
         self.init_headers(headers)
         self.opening = encoder.header(meta) + encoder.chunk(first)
         self.buffer = _StreamBuffer(server.stream_buffer_bytes)
-        self.reader = asyncio.ensure_future(server._read_ahead(encoder, ctx, first.is_final, chunks, self.buffer))
+        self.last_sent = time.monotonic()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ended = False
+        reader = None
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": self.opening, "more_body": True})
+            self.last_sent = time.monotonic()
+            writable = scope.get("extensions", {}).get(WRITABLE)
+            reader = asyncio.ensure_future(self._read(send, writable))
             await while_connected(receive, self._write(send))
             ended = True  # the reader may still be closing the request's stream: let it finish
         except ClientGone:
             pass
         finally:
-            if not ended and not self.reader.done():
-                self.reader.cancel()
-                self.server.metrics.aborted("client_gone")
-            # shielded: a second cancellation of this task cannot cut the executor's own clean-up
-            # (closing an upstream connection, say) short
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(asyncio.gather(self.reader, return_exceptions=True))
+            if reader is None:
+                self.server.in_flight -= 1
+                await self.chunks.aclose()  # type: ignore[attr-defined]
+            else:
+                if not ended and not reader.done():
+                    reader.cancel()
+                    self.server.metrics.aborted("client_gone")
+                # shielded: a second cancellation of this task cannot cut the executor's own clean-up
+                # (closing an upstream connection, say) short
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(asyncio.gather(reader, return_exceptions=True))
+
+    async def _read(self, send: Send, writable: Callable[[], bool] | None) -> None:
+        """Pull the chunks after the first, writing or holding each, then end the buffer; on
+        overflow, abort them. The task waits in `abort_in_flight`'s reach all along."""
+        server, buffer, encoder = self.server, self.buffer, self.encoder
+        ended = self.ended
+        try:
+            await server._output(self.ctx, self._pull(send, writable, ended))
+        except LaminaError as error:
+            buffer.put(_error_event(encoder, error))
+        except asyncio.CancelledError:
+            if not server._stopped():
+                raise
+            buffer.put(_error_event(encoder, SHUT_DOWN))
+        finally:
+            server.in_flight -= 1
+            buffer.end()
+            await self.chunks.aclose()  # type: ignore[attr-defined]
+
+    async def _pull(self, send: Send, writable: Callable[[], bool] | None, ended: bool) -> None:
+        buffer, encoder = self.buffer, self.encoder
+        while not ended and not buffer.overflowed:
+            try:
+                chunk = await anext(self.chunks)
+            except StopAsyncIteration:
+                break
+            ended = chunk.is_final
+            data = encoder.chunk(chunk)
+            if writable is not None and buffer.empty and writable():
+                await send({"type": "http.response.body", "body": data, "more_body": True})  # returns at once
+                self._sent(chunk.has_output)
+            else:
+                buffer.put(data, chunk.has_output)
+        if buffer.overflowed and not ended:
+            log.warning("stream_aborted_slow_client", held_bytes=buffer.held, limit_bytes=buffer.limit)
+            self.server.metrics.aborted("slow_client")
+            buffer.put(_error_event(encoder, SLOW_CLIENT))
+
+    def _sent(self, has_output: bool) -> None:
+        now = time.monotonic()
+        if has_output:
+            self.server.metrics.inter_token(self.ctx, now - self.last_sent)
+        self.last_sent = now
 
     async def _write(self, send: Send) -> None:
-        last = time.monotonic()
-        while (item := await self.buffer.get()) is not None:
-            data, has_output = item
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-            now = time.monotonic()
-            if has_output:
-                self.server.metrics.inter_token(self.ctx, now - last)
-            last = now
+        """Write what the reader holds, in order, until it ends the buffer."""
+        buffer = self.buffer
+        while (item := await buffer.get()) is not None:
+            buffer.writing = True
+            try:
+                await send({"type": "http.response.body", "body": item[0], "more_body": True})
+            finally:
+                buffer.writing = False
+            self._sent(item[1])
         await send({"type": "http.response.body", "body": b"", "more_body": False})

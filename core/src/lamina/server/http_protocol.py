@@ -5,7 +5,7 @@ responses in Python. And uvicorn writes a response's head the moment the app sen
 ``http.response.start``: alone on the wire, the head wakes the client, which then takes a core while the
 server is still writing the first chunk (for a stream, the first token). Here the head waits for the
 first ``http.response.body`` message and both go out in one write (benchmarks/README.md, "the upstream hop,
-shortened").
+shortened"). Each request's scope also carries the ASGI extension :data:`WRITABLE`.
 """
 
 from __future__ import annotations
@@ -17,12 +17,19 @@ from starlette.types import ASGIApp, Message
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 
+WRITABLE = "lamina.writable"
+"""ASGI extension: a callable telling whether the connection takes a write now, so that a ``send`` of
+a body would return without waiting for the client to read (uvicorn's flow control is not paused)."""
+
+
 class HeadWithFirstChunk(HttpToolsProtocol):
     """uvicorn's httptools protocol; every response's head goes out with its first body chunk."""
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGIApp) -> None:
         # uvicorn (0.45 on) starts every request's ASGI task here; the app is given the cycle's send
         cycle.send = _HeldHead(cycle)  # type: ignore[method-assign]
+        flow = cycle.flow
+        cycle.scope.setdefault("extensions", {})[WRITABLE] = lambda: not flow.write_paused
         super()._start_asgi_task(cycle, app)
 
 
