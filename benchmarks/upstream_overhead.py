@@ -165,7 +165,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--concurrency", default="1,16,64", help="closed-loop levels (default 1,16,64)")
     parser.add_argument("--requests", type=int, default=0,
-                        help="requests per level and arm (default: 8 x concurrency, at least 16; --quick: 2 x, at least 8)")
+                        help="requests per level and arm, split among the rounds (default: 2 x concurrency per "
+                             "round, at least 8)")
     parser.add_argument("--rounds", type=int, default=0, help="rounds per level (default 4; --quick 2)")
     parser.add_argument("--max-tokens", type=int, default=64, help="new tokens per request (ignore_eos)")
     parser.add_argument("--threads", type=int, default=0, help="llama-server -t and -tb (default: its cores)")
@@ -184,7 +185,8 @@ def main() -> None:
         raise SystemExit("upstream_overhead needs llama-server: bash scripts/peers/build_llama_cpp.sh")
     levels = [int(c) for c in args.concurrency.split(",")]
     rounds = args.rounds or (2 if args.quick else 4)
-    per = lambda c: args.requests or (max(2 * c, 8) if args.quick else max(8 * c, 16))  # noqa: E731
+    # each round sends twice the level's concurrency (at least 8), so the closed loop stays full
+    per = lambda c: args.requests or rounds * max(2 * c, 8)  # noqa: E731
     slots = max(levels)
     load_at_start()
     gguf = smollm2_path()
