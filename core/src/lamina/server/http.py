@@ -430,7 +430,8 @@ class _TokenStream(Response):
     def __init__(self, server: Server, encoder: StreamEncoder, meta: StreamMeta, ctx: RequestContext,
                  first: TokenChunk, chunks: AsyncIterator[TokenChunk], media_type: str,
                  headers: Mapping[str, str]) -> None:
-        self.server, self.encoder, self.ctx, self.chunks, self.ended = server, encoder, ctx, chunks, first.is_final
+        self.server, self.encoder, self.ctx, self.chunks = server, encoder, ctx, chunks
+        self.ended_at_first = first.is_final
         self.status_code, self.media_type, self.background = 200, media_type, None
         self.init_headers(headers)
         self.opening = encoder.header(meta) + encoder.chunk(first)
@@ -467,9 +468,8 @@ class _TokenStream(Response):
         """Pull the chunks after the first, writing or holding each, then end the buffer; on
         overflow, abort them. The task waits in `abort_in_flight`'s reach all along."""
         server, buffer, encoder = self.server, self.buffer, self.encoder
-        ended = self.ended
         try:
-            await server._output(self.ctx, self._pull(send, writable, ended))
+            await server._output(self.ctx, self._pull(send, writable))
         except LaminaError as error:
             buffer.put(_error_event(encoder, error))
         except asyncio.CancelledError:
@@ -481,8 +481,8 @@ class _TokenStream(Response):
             buffer.end()
             await self.chunks.aclose()  # type: ignore[attr-defined]
 
-    async def _pull(self, send: Send, writable: Callable[[], bool] | None, ended: bool) -> None:
-        buffer, encoder = self.buffer, self.encoder
+    async def _pull(self, send: Send, writable: Callable[[], bool] | None) -> None:
+        buffer, encoder, ended = self.buffer, self.encoder, self.ended_at_first
         while not ended and not buffer.overflowed:
             try:
                 chunk = await anext(self.chunks)
