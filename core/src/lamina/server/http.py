@@ -476,6 +476,8 @@ class _TokenStream(Response):
             if not server._stopped():
                 raise
             buffer.put(_error_event(encoder, SHUT_DOWN))
+        except Exception:  # a write that failed: nobody awaits this task's result, so it is logged here
+            log.exception("stream_write_failed")
         finally:
             server.in_flight -= 1
             buffer.end()
