@@ -9,12 +9,10 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 
-import aiohttp
-
 from lamina_hookspecs.types import ChatMessage, Request, SamplingParams, TokenChunk
-from lamina_upstream.connect_ahead import ConnectAhead
 from lamina_upstream.executor import UpstreamExecutor
 from lamina_upstream.options import UpstreamOptions
+from lamina_upstream.upstream_http import UpstreamHttp
 
 LINGER_S = 0.2
 """How long the fake keeps a streamed-over connection open before it closes it, unanswered."""
@@ -146,23 +144,27 @@ def test_a_connection_opened_ahead_is_for_posts_and_closed_unused_once_stale() -
     async def run() -> None:
         fake = ClosingUpstream()
         async with fake as url:
-            connector = ConnectAhead(fresh_s=0.2)
-            async with aiohttp.ClientSession(connector=connector) as session:
-                async def post() -> float:
-                    sent = time.perf_counter()
-                    async with session.post(url + "/v1/chat/completions", json={}) as response:
-                        await response.read()
-                    return sent
+            http = UpstreamHttp(url, fresh=True, fresh_s=0.2)
+
+            async def post() -> float:
+                sent = time.perf_counter()
+                async with http.request("POST", "/v1/chat/completions", b"{}") as response:
+                    await response.read()
+                return sent
+            try:
                 await post()
                 await asyncio.sleep(0.05)
                 got = time.perf_counter()
-                async with session.get(url + "/health") as response:
-                    assert response.status == 200
+                async with http.request("GET", "/health") as response:
+                    assert response.status == 200 and await response.read() == b'{"status": "ok"}'
                 assert fake.accepted["GET"][-1] > got  # a GET connects for itself
                 sent = await post()
-                assert fake.accepted["POST"][-1] < sent and connector.taken == 1  # it took the one opened ahead
+                assert fake.accepted["POST"][-1] < sent and http.taken == 1  # it took the one opened ahead
                 assert await _until(lambda: fake.closed_unused == 1)  # the one opened after it goes stale
                 sent = await post()
-                assert fake.accepted["POST"][-1] > sent and connector.taken == 1
+                assert fake.accepted["POST"][-1] > sent and http.taken == 1
+            finally:
+                await http.close()
+            assert await _until(lambda: fake.open == 0)
 
     asyncio.run(run())

@@ -219,7 +219,7 @@ def test_a_start_that_fails_closes_its_connections() -> None:
     executor = UpstreamExecutor(UpstreamOptions(url="http://127.0.0.1:9", start_timeout_s=0.2, poll_interval_s=0.05))
     with pytest.raises(BackendLostError, match="/v1/models"):
         asyncio.run(executor.start())
-    assert executor._session is not None and executor._session.closed
+    assert executor._http is not None and executor._http.closed
 
 
 def test_finished_streams_give_their_connections_back_and_count_no_abort(

@@ -292,20 +292,15 @@ def test_tokenize_bodies_follow_each_engine() -> None:
             answer(payload, "tokens", list, "u")
 
 
-class _Body:
-    """A response body that arrives in the given blocks, as aiohttp's ``StreamReader`` yields them."""
-
-    def __init__(self, *blocks: bytes) -> None:
-        self.blocks = blocks
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        for block in self.blocks:
-            yield block
+async def _body(*blocks: bytes) -> AsyncIterator[bytes]:
+    """A response body that arrives in the given blocks."""
+    for block in blocks:
+        yield block
 
 
 def _events(*blocks: bytes) -> list[bytes]:
     async def collect() -> list[bytes]:
-        return [data async for data in _event_data(_Body(*blocks))]  # type: ignore[arg-type]
+        return [data async for data in _event_data(_body(*blocks))]
     return asyncio.run(collect())
 
 

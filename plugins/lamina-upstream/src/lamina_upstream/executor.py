@@ -24,7 +24,6 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-import aiohttp
 import attrs
 import orjson
 
@@ -34,9 +33,9 @@ from lamina_hookspecs.errors import (
 )
 from lamina_hookspecs.registration import BuildContext
 from lamina_hookspecs.types import BackendState, ModelInfo, Request, TokenChunk
-from lamina_upstream.connect_ahead import ConnectAhead
 from lamina_upstream.options import OWNED_BY, TEXT_ONLY, Engine, UpstreamOptions
 from lamina_upstream.upstream_body import CHAT_PATH, upstream_call
+from lamina_upstream.upstream_http import ReadTimeout, Response, UpstreamHttp
 from lamina_upstream.upstream_load import HEALTH_PATH, UpstreamLoad, load_from_metrics, load_from_slots
 from lamina_upstream.upstream_stream import UpstreamStream
 from lamina_upstream.upstream_tokens import (DETOKENIZE_PATH, TEMPLATE_PATH, TOKENIZE_PATH, answer,
@@ -52,16 +51,13 @@ MAX_LINE_BYTES = 1 << 20
 CLOSES_AFTER_STREAM: frozenset[Engine] = frozenset({"llama-server"})
 """Engines that close a connection once they have streamed a response over it (llama-server, while
 still announcing keep-alive). Every request to one asks for ``Connection: close`` and gets its own
-connection, opened ahead for POSTs (:mod:`lamina_upstream.connect_ahead`): pooled, a streamed-over
-connection would be reused before the close arrived, and that request fail with nothing sent."""
+connection, opened ahead for POSTs (:class:`~lamina_upstream.upstream_http.UpstreamHttp` with
+``fresh``): pooled, a streamed-over connection would be reused before the close arrived, and that
+request fail with nothing sent."""
 
-KEEPALIVE_S = 4.0
-"""How long an idle connection is kept for reuse: under the 5 s after which uvicorn (Lamina's and
-vLLM's server) closes one, so that none is reused just as the upstream closes it."""
-
-_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
-"""What aiohttp raises for a connection refused, lost or timed out (``connect_timeout_s``, ``read_timeout_s``)."""
-_JSON_HEADERS = {"Content-Type": "application/json"}
+_TRANSPORT_ERRORS = (OSError, TimeoutError)
+"""What the client raises for a connection refused, lost or timed out (``connect_timeout_s``,
+``read_timeout_s``): :class:`~lamina_upstream.upstream_http.UpstreamLost` among them."""
 
 
 @attrs.frozen
@@ -73,8 +69,8 @@ class _Answer:
     retry_after: str | None
 
     @classmethod
-    async def read(cls, response: aiohttp.ClientResponse) -> _Answer:
-        return cls(response.status, await response.read(), response.headers.get("Retry-After"))
+    async def read(cls, response: Response) -> _Answer:
+        return cls(response.status, await response.read(), response.headers.get("retry-after"))
 
 
 _CLIENT_ERRORS: dict[int, type[LaminaError]] = {400: InvalidRequestError, 404: NotFoundError,
@@ -91,7 +87,7 @@ class UpstreamExecutor:
                                context_length=options.context_length or 1)
         self.engine: Engine | None = None if options.engine == "auto" else options.engine
         self._upstream_model = options.model
-        self._session: aiohttp.ClientSession | None = None
+        self._http: UpstreamHttp | None = None
         self._gate = asyncio.Semaphore(options.max_in_flight)
         self._waiting = 0
         self._streams: dict[object, int] = {}  # per request sent or waiting: its tokens still to come
@@ -106,23 +102,23 @@ class UpstreamExecutor:
     async def start(self) -> None:
         """Connect, find the model and the engine, wait until the upstream is healthy, start polling;
         a start that fails closes what it opened."""
-        self._session = self._open_session(force_close=self.engine in CLOSES_AFTER_STREAM)
+        self._http = self._client(fresh=self.engine in CLOSES_AFTER_STREAM)
         try:
             await self._connect()
         except BaseException:
-            await self._session.close()
+            await self._http.close()
             raise
         self._poller = asyncio.create_task(self._poll(), name=f"upstream-poll {self.options.url}")
 
     async def _connect(self) -> None:
-        assert self._session is not None
+        assert self._http is not None
         deadline = time.monotonic() + self.options.start_timeout_s
         entry = await self._model_entry(deadline)
         if self.engine is None:
             self.engine = OWNED_BY.get(str(entry.get("owned_by")), "generic")
             if self.engine in CLOSES_AFTER_STREAM:
-                await self._session.close()
-                self._session = self._open_session(force_close=True)
+                await self._http.close()
+                self._http = self._client(fresh=True)
         self._upstream_model = str(entry["id"])
         self.model = ModelInfo(id=self.options.served_name or self._upstream_model,
                                context_length=self.options.context_length or await self._context_length(entry))
@@ -132,20 +128,15 @@ class UpstreamExecutor:
                                        f"{self.options.start_timeout_s:g} s")
             await asyncio.sleep(self.options.poll_interval_s)
 
-    def _open_session(self, *, force_close: bool) -> aiohttp.ClientSession:
+    def _client(self, *, fresh: bool) -> UpstreamHttp:
         headers = {}
         if self.options.api_key_env:
             key = os.environ.get(self.options.api_key_env)
             if not key:
                 raise ConfigError("api_key_env", f"environment variable {self.options.api_key_env} is not set")
             headers["Authorization"] = f"Bearer {key}"
-        # connect: a place in the pool and the connection; sock_read: the silence allowed between reads
-        timeout = aiohttp.ClientTimeout(total=None, connect=self.options.connect_timeout_s,
-                                        sock_read=self.options.read_timeout_s)
-        limit = self.options.max_in_flight + 4  # the poller's beside streams
-        connector = ConnectAhead(limit=limit) if force_close else \
-            aiohttp.TCPConnector(limit=limit, keepalive_timeout=KEEPALIVE_S)
-        return aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector)
+        return UpstreamHttp(self.options.url, headers=headers, connect_timeout_s=self.options.connect_timeout_s,
+                            read_timeout_s=self.options.read_timeout_s, fresh=fresh)
 
     async def stop(self) -> None:
         """Stop polling and close every connection (streams still open end as lost)."""
@@ -153,8 +144,8 @@ class UpstreamExecutor:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
-        if self._session is not None:
-            await self._session.close()
+        if self._http is not None:
+            await self._http.close()
 
     def state(self) -> BackendState:
         load, kv = self._load, self._load.kv_usage
@@ -197,15 +188,14 @@ class UpstreamExecutor:
         return engine
 
     def _started(self) -> Engine:
-        if self._session is None or self.engine is None:
+        if self._http is None or self.engine is None:
             raise BackendLostError(f"upstream {self.options.url} is not started")
         return self.engine
 
     async def _fetch(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> _Answer:
-        """One whole request to the upstream (its connection errors raised as aiohttp's)."""
-        assert self._session is not None
-        data, headers = (None, None) if body is None else (orjson.dumps(body), _JSON_HEADERS)
-        async with self._session.request(method, self.options.url + path, data=data, headers=headers) as response:
+        """One whole request to the upstream (its connection errors raised as the client's)."""
+        assert self._http is not None
+        async with self._http.request(method, path, None if body is None else orjson.dumps(body)) as response:
             return await _Answer.read(response)
 
     async def _post(self, path: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -219,7 +209,7 @@ class UpstreamExecutor:
         return _json(answer.body)
 
     async def _stream(self, request: Request, path: str, body: Mapping[str, Any]) -> AsyncIterator[TokenChunk]:
-        assert self._session is not None
+        assert self._http is not None
         prompt = request.estimated_prompt_tokens()
         total = request.estimated_tokens(self.model.context_length)
         budget = total - prompt
@@ -228,13 +218,12 @@ class UpstreamExecutor:
         try:
             await self._enter(request)
             try:
-                async with self._session.post(self.options.url + path, data=orjson.dumps(body),
-                                              headers=_JSON_HEADERS) as response:
+                async with self._http.request("POST", path, orjson.dumps(body)) as response:
                     if response.status != 200:
                         raise _http_error(await _Answer.read(response), self.options.url)
                     reader = UpstreamStream(request.id, chat=path == CHAT_PATH, logprobs=request.sampling.logprobs,
                                             prompt_tokens=prompt, text_only=self.engine in TEXT_ONLY)
-                    async for data in _event_data(response.content):
+                    async for data in _event_data(response.iter_blocks()):
                         if data == b"[DONE]":  # read on to the body's end, so the connection can be reused
                             continue
                         chunk = reader.event(_json(data))
@@ -243,7 +232,7 @@ class UpstreamExecutor:
                             self._streams[stream_key] = max(budget - reader.emitted, 0)
                             yield chunk
                 yield reader.final()  # the response is closed by now: its connection is back in the pool (or shut)
-            except aiohttp.SocketTimeoutError:
+            except ReadTimeout:
                 raise RequestTimeoutError(f"upstream {self.options.url} sent nothing for "
                                           f"{self.options.read_timeout_s:g} s") from None
             except _TRANSPORT_ERRORS as exc:
@@ -344,12 +333,13 @@ class UpstreamExecutor:
         self._others = max(load.running + load.waiting - (len(self._streams) - self._waiting), 0)
 
 
-async def _event_data(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """The ``data`` of each server-sent event of a response body, joined per event. Lines end in LF or
-    CRLF (every OpenAI-compatible server's; SSE's lone CR is not read as an end)."""
+async def _event_data(blocks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The ``data`` of each server-sent event of a response body (as it arrives, in ``blocks``), joined
+    per event. Lines end in LF or CRLF (every OpenAI-compatible server's; SSE's lone CR is not read as
+    an end)."""
     data: list[bytes] = []
     pending = b""
-    async for block in content.iter_any():
+    async for block in blocks:
         *lines, pending = (pending + block).split(b"\n")
         if len(pending) > MAX_LINE_BYTES or any(len(line) > MAX_LINE_BYTES for line in lines):
             raise BackendLostError(f"upstream sent a stream line of over {MAX_LINE_BYTES} bytes")
