@@ -5,7 +5,7 @@ JSON and server-sent-event answers read as they arrive, timeouts to connect and 
 aiohttp did it before, and its per-request machinery (request, response and connection objects,
 timers, a task of its own to write each request's body) took more of a relayed request's time to
 first token than everything else the front does to it (benchmarks/README.md, "the upstream hop on a
-lean client"). httptools (llhttp, the C parser uvicorn serves Lamina's own HTTP with) parses the
+lean HTTP client"). httptools (llhttp, the C parser uvicorn serves Lamina's own HTTP with) parses the
 responses, chunked bodies included.
 
 Connections are kept alive and reused, each idle no longer than `KEEPALIVE_S`. An engine that closes
