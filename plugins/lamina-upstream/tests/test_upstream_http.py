@@ -204,6 +204,36 @@ def test_silence_past_the_read_timeout_is_a_read_timeout() -> None:
     _run(handler, test, read_timeout_s=0.1)
 
 
+def test_requests_past_the_limit_wait_for_a_place_no_longer_than_the_connect_timeout() -> None:
+    release = asyncio.Event()
+
+    def handler(server: RawServer) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                await server.read_request(reader)
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
+                await writer.drain()
+                await release.wait()
+                writer.write(b"ok")
+        return handle
+
+    async def test(http: UpstreamHttp, server: RawServer) -> None:
+        async with http.request("GET", "/a") as response:
+            with pytest.raises(UpstreamLost, match="no place among the 1 connections within 0.2 s"):
+                async with http.request("GET", "/b"):
+                    pass
+            later = http.request("GET", "/c")
+            waiting = asyncio.ensure_future(later.__aenter__())
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            release.set()
+            assert await response.read() == b"ok"
+        assert (await waiting).status == 200  # the place freed, on the same connection
+        await later.__aexit__(None, None, None)
+
+    assert _run(handler, test, limit=1, connect_timeout_s=0.2).connections == 1
+
+
 def test_a_refused_connection_is_an_os_error() -> None:
     async def run() -> None:
         http = UpstreamHttp("http://127.0.0.1:9")

@@ -135,7 +135,8 @@ class UpstreamExecutor:
             if not key:
                 raise ConfigError("api_key_env", f"environment variable {self.options.api_key_env} is not set")
             headers["Authorization"] = f"Bearer {key}"
-        return UpstreamHttp(self.options.url, headers=headers, connect_timeout_s=self.options.connect_timeout_s,
+        return UpstreamHttp(self.options.url, headers=headers, limit=self.options.max_in_flight + 4,  # + the poller's
+                            connect_timeout_s=self.options.connect_timeout_s,
                             read_timeout_s=self.options.read_timeout_s, fresh=fresh)
 
     async def stop(self) -> None:

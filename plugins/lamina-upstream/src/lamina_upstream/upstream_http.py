@@ -193,10 +193,12 @@ class Response:
 
 
 class UpstreamHttp:
-    """Requests to the server at ``url`` (``http://`` or ``https://``, with any path prefix)."""
+    """Requests to the server at ``url`` (``http://`` or ``https://``, with any path prefix), at most
+    ``limit`` at once; waiting for a place counts against ``connect_timeout_s``."""
 
-    def __init__(self, url: str, *, headers: Mapping[str, str] | None = None, connect_timeout_s: float = 5.0,
-                 read_timeout_s: float = 600.0, fresh: bool = False, fresh_s: float = FRESH_S) -> None:
+    def __init__(self, url: str, *, headers: Mapping[str, str] | None = None, limit: int = 100,
+                 connect_timeout_s: float = 5.0, read_timeout_s: float = 600.0, fresh: bool = False,
+                 fresh_s: float = FRESH_S) -> None:
         parts = urlsplit(url)
         self._host = parts.hostname or ""
         self._port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -213,13 +215,20 @@ class UpstreamHttp:
         self._idle: list[tuple[_Connection, float]] = []  # kept alive, with the time each fell idle
         self._open: set[_Connection] = set()
         self._ahead: asyncio.Task[_Connection] | None = None
+        self._limit = limit
+        self._places = asyncio.Semaphore(limit)  # requests at once; waiting for a place counts as connecting
 
     @contextlib.asynccontextmanager
     async def request(self, method: str, path: str, body: bytes | None = None,
                       content_type: str = "application/json") -> AsyncIterator[Response]:
         """Send a request and yield its response once its head has arrived. Leaving before the body
         is read to its end closes the connection (the upstream takes that as the client gone)."""
-        connection = await self._connection(method)
+        await self._take_place()
+        try:
+            connection = await self._connection(method)
+        except BaseException:
+            self._places.release()
+            raise
         head = b"%s %s%s HTTP/1.1\r\n%s" % (method.encode(), self._prefix, path.encode(), self._fixed)
         if body is not None:
             head += b"Content-Type: %s\r\nContent-Length: %d\r\n" % (content_type.encode(), len(body))
@@ -237,6 +246,19 @@ class UpstreamHttp:
             raise
         finally:
             self._release(connection, reused)
+            self._places.release()
+
+    async def _take_place(self) -> None:
+        """Wait for one of the ``limit`` places, no longer than ``connect_timeout_s``."""
+        if not self._places.locked():
+            await self._places.acquire()  # returns at once
+            return
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                await self._places.acquire()
+        except TimeoutError:
+            raise UpstreamLost(f"no place among the {self._limit} connections within "
+                               f"{self.connect_timeout_s:g} s") from None
 
     async def close(self) -> None:
         """Close every connection; streams still open end as lost."""
