@@ -2,8 +2,8 @@
 
 What ``openai-upstream`` needs of HTTP is narrow: one origin, GET and POST with a body in memory,
 JSON and server-sent-event answers read as they arrive, timeouts to connect and between reads.
-aiohttp did it before, and its per-request machinery (request, response and connection objects,
-timers, a task of its own to write each request's body) took more of a relayed request's time to
+aiohttp does that too, but its per-request machinery (request, response and connection objects,
+timers, a task of its own to write each request's body) takes more of a relayed request's time to
 first token than everything else the front does to it (benchmarks/README.md, "the upstream hop on a
 lean HTTP client"). httptools (llhttp, the C parser uvicorn serves Lamina's own HTTP with) parses the
 responses, chunked bodies included.
