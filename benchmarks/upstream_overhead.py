@@ -11,8 +11,13 @@ llama-server (token ids through post-sampling logprobs, greedy as ``top_k`` 1), 
 llama-server for the same work; and llama-server runs with ``--no-cache-prompt``, since each
 round's prompts go to both arms and the second would otherwise find them cached by the first.
 
-Printed per level: output tokens/s of each and their ratio (Lamina ÷ direct; the aim is ≥ 0.95),
-and TTFT and inter-token latency p50/p99 of each with what Lamina adds (the aim: ≤ 2 ms p50 TTFT).
+Printed per level: output tokens/s of each and their ratio (Lamina ÷ direct; the aim is ≥ 0.95)
+with a 95% interval from resampling the rounds, each round's direct and Lamina runs kept together
+(``lamina.tools.bench.metrics.compare``). At 16 streams one round's runs of the very same requests
+have differed by 10-25%, from arm to arm and from one direct run to the next, so the interval
+shows how much of a ratio is left undecided (with ``--quick``'s two rounds it is only their
+spread). Then TTFT and inter-token latency p50/p99 of each with what Lamina adds (the aim: ≤ 2 ms
+p50 TTFT).
 Since both arms send the same requests, "TTFT paired" is also the median over requests of each
 one's TTFT via Lamina minus its TTFT direct: prompt lengths and the machine's drift then weigh less
 than in the difference of two p50s. Under load both are dominated by llama-server's queue, so the
@@ -115,8 +120,8 @@ async def hop_ttft(direct_url: str, front_url: str, pairs: int, seed: int) -> di
 
 
 def level_figures(level: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Throughputs, their ratio, and TTFT / ITL percentiles (ms) with Lamina's addition (and the
-    paired TTFT difference), for one level."""
+    """Throughputs, their ratio with its 95% interval over the paired rounds, and TTFT / ITL
+    percentiles (ms) with Lamina's addition (and the paired TTFT difference), for one level."""
     direct, ours = level["summaries"][DIRECT], level["summaries"][LAMINA]
     out: dict[str, Any] = {"load": level["load"], "output_tok_s": {DIRECT: direct["output_throughput"],
                                                                    LAMINA: ours["output_throughput"]},
@@ -124,6 +129,8 @@ def level_figures(level: dict[str, Any], records: list[dict[str, Any]]) -> dict[
                            "errors": {DIRECT: direct["errors"], LAMINA: ours["errors"]}}
     out["throughput_ratio"] = (ours["output_throughput"] / direct["output_throughput"]
                                if direct["output_throughput"] else None)
+    paired = level["comparisons"][LAMINA]["output_throughput"]
+    out["throughput_ratio_ci"] = [paired["ci_low"], paired["ci_high"]]
     for metric in ("ttft", "itl"):
         for q in ("p50", "p99"):
             a, b = _ms(direct[metric][q]), _ms(ours[metric][q])
@@ -136,13 +143,18 @@ def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _ratio_cell(level: dict[str, Any]) -> str:
+    low, high = level["throughput_ratio_ci"]
+    return f"{_fmt(level['throughput_ratio'], 3)} ({_fmt(low, 2)}-{_fmt(high, 2)})"
+
+
 def print_report(result: dict[str, Any]) -> None:
     print(f"machine: {result['machine_text']}")
     print(f"llama-server: {result['peer'].get('version') or '?'} from {result['peer'].get('folder')}; "
           f"{result['slots']} slots, {result['threads']} threads on cores {result['engine_cpus']}; "
           f"{result['max_tokens']} new tokens per request; "
           f"{result['rounds']} rounds per level, alternating")
-    header = (f"{'load':<16} {'direct tok/s':>12} {'lamina tok/s':>12} {'ratio':>6} "
+    header = (f"{'load':<16} {'direct tok/s':>12} {'lamina tok/s':>12} {'ratio (95% CI)':>20} "
               f"{'TTFT p50 ms (+)':>18} {'TTFT paired +ms':>15} {'TTFT p99 ms (+)':>18} {'ITL p50 ms (+)':>17} "
               f"{'ITL p99 ms (+)':>17}")
     hop = result["hop"]
@@ -155,7 +167,7 @@ def print_report(result: dict[str, Any]) -> None:
         cells = [f"{_fmt(f[k][LAMINA])} ({'+' if (f[k]['added'] or 0) >= 0 else ''}{_fmt(f[k]['added'], 2)})"
                  for k in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")]
         print(f"{f['load']:<16} {_fmt(f['output_tok_s'][DIRECT]):>12} {_fmt(f['output_tok_s'][LAMINA]):>12} "
-              f"{_fmt(f['throughput_ratio'], 3):>6} {cells[0]:>18} {_fmt(f['ttft_paired_added_ms'], 2):>15} "
+              f"{_ratio_cell(f):>20} {cells[0]:>18} {_fmt(f['ttft_paired_added_ms'], 2):>15} "
               f"{cells[1]:>18} {cells[2]:>17} {cells[3]:>17}")
         if f["failed"][DIRECT] or f["failed"][LAMINA]:
             print(f"  failed requests: {f['failed']}; by kind: {f['errors']}")
