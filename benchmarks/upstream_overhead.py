@@ -13,10 +13,10 @@ round's prompts go to both arms and the second would otherwise find them cached 
 
 Printed per level: output tokens/s of each and their ratio (Lamina ÷ direct; the aim is ≥ 0.95)
 with a 95% interval from resampling the rounds, each round's direct and Lamina runs kept together
-(``lamina.tools.bench.metrics.compare``). At 16 streams one round's runs of the very same requests
-have differed by 10-25%, from arm to arm and from one direct run to the next, so the interval
-shows how much of a ratio is left undecided (with ``--quick``'s two rounds it is only their
-spread). Then TTFT and inter-token latency p50/p99 of each with what Lamina adds (the aim: ≤ 2 ms
+(``lamina.tools.bench.metrics.compare``). Under load one round's runs of the very same requests
+can differ widely, from arm to arm and from one direct run to the next (benchmarks/README.md), so
+the interval shows how much of a ratio is left undecided (with ``--quick``'s two rounds it is only
+their spread). Then TTFT and inter-token latency p50/p99 of each with what Lamina adds (the aim: ≤ 2 ms
 p50 TTFT).
 Since both arms send the same requests, "TTFT paired" is also the median over requests of each
 one's TTFT via Lamina minus its TTFT direct: prompt lengths and the machine's drift then weigh less
