@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the JAX executor's CPU kernels (plugins/lamina-jax/csrc: XLA FFI custom calls for the
-# q4_1 weight formats' matmul and for paged decode attention) natively for this CPU, once, into
+# q4_1 weight formats' matmul and for paged attention) natively for this CPU, once, into
 # one library, and print its path. Run it with the Python whose jax the executor uses, for its
 # FFI headers:
 #

@@ -1,10 +1,10 @@
 """The native library of CPU kernels (``plugins/lamina-jax/csrc``), loaded once and its XLA FFI
-custom calls registered: ggml's block-quantized matmul (`lamina_jax.model.ggml`) and paged decode
+custom calls registered: ggml's block-quantized matmul (`lamina_jax.model.ggml`) and paged
 attention (`lamina_jax.model.attention_kernel`).
 
 It is built once per machine by ``scripts/kernels/build_cpu_kernels.sh`` (found by
 `lamina_jax.native.cpu_kernels_library`); without it `available` is False, the weight formats that
-need it are not offered and decode attention keeps its JAX form.
+need it are not offered and attention keeps its JAX form.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from lamina_jax.native import CPU_KERNELS_BUILD_HINT, cpu_kernels_library
 TARGETS = {
     "lamina_ggml_matmul": "LaminaGgmlMatmul",
     "lamina_ggml_matmul_f32": "LaminaGgmlMatmulF32",
-    "lamina_paged_decode_attention": "LaminaPagedDecodeAttention",
+    "lamina_paged_attention": "LaminaPagedAttention",
 }
 """Custom-call target → the library's handler symbol."""
 

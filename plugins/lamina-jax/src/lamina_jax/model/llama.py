@@ -410,12 +410,36 @@ def forward(params: LlamaParams, tokens: jax.Array, *, config: LlamaConfig) -> j
     return _logits(params, x[0], config)
 
 
+def _kernel_attention(config: LlamaConfig, pool: jax.Array) -> bool:
+    """Whether the native CPU kernel (`attention_kernel`) attends over pools like ``pool``: built here,
+    for their dtype, with no sliding window, on one device."""
+    return (config.sliding_window is None and config.tensor_parallel == 1
+            and attention_kernel.usable(config.n_heads, pool))
+
+
+def _prefill_attention(config: LlamaConfig, positions: jax.Array, seen: jax.Array, table: jax.Array,
+                       starts: jax.Array, num_chunks: jax.Array,
+                       key_mask: Callable[[jax.Array], jax.Array]) -> Callable[[jax.Array, _Pools], jax.Array]:
+    """Attention of prompt queries ``q [1, T, H, d]`` at ``positions [T]``: in the native kernel where it
+    serves, each token over the first ``seen [T]`` positions of its sequence's blocks, which begin
+    at ``starts [T]`` in ``table [n]``; otherwise in `_paged_attention` over ``table``'s first
+    ``num_chunks`` chunks, as ``key_mask`` allows. On a GPU or TPU the JAX form stays: its scores
+    are matrix products, which their matrix units run well."""
+
+    def attend(q: jax.Array, layer_pools: _Pools) -> jax.Array:
+        if _kernel_attention(config, layer_pools[0]):
+            out = attention_kernel.paged_attention(q[0], layer_pools[0], layer_pools[1], table, starts, seen)
+            return out.reshape(1, positions.shape[0], -1)
+        return _paged_attention(q, layer_pools, table[None], num_chunks, key_mask)
+
+    return attend
+
+
 def _prefill_layers(params: LlamaParams, cache: KVCache, tokens: jax.Array, positions: jax.Array,
-                    write_blocks: jax.Array, table: jax.Array, num_chunks: jax.Array,
-                    key_mask: Callable[[jax.Array], jax.Array], config: LlamaConfig) -> tuple[jax.Array, KVCache]:
+                    write_blocks: jax.Array, attend: Callable[[jax.Array, _Pools], jax.Array],
+                    config: LlamaConfig) -> tuple[jax.Array, KVCache]:
     """Hidden states ``[T, dim]`` of prompt tokens at ``positions [T]``, their K/V written to
-    ``write_blocks [T]``; each attends to the cached positions of ``table [n]`` (the first
-    ``num_chunks`` chunks of it) that ``key_mask`` allows (see `_paged_attention`)."""
+    ``write_blocks [T]``; ``attend`` (`_prefill_attention`) gives each layer's attention."""
     offsets = positions % cache.block_size
     x = _embed(params.embed, tokens)[None]
     pools = []
@@ -424,7 +448,7 @@ def _prefill_layers(params: LlamaParams, cache: KVCache, tokens: jax.Array, posi
         k_pool, k_scale = _write(cache.k[i], _scale(cache.k_scale, i), k[0], write_blocks, offsets)
         v_pool, v_scale = _write(cache.v[i], _scale(cache.v_scale, i), v[0], write_blocks, offsets)
         layer_pools = (k_pool, v_pool, k_scale, v_scale)
-        x = _finish_block(layer, x, _paged_attention(q, layer_pools, table[None], num_chunks, key_mask), config)
+        x = _finish_block(layer, x, attend(q, layer_pools), config)
         pools.append(layer_pools)
     return x[0], _rebuild(pools)
 
@@ -466,8 +490,9 @@ def prefill(
 
     table = _chunked(block_table)
     num_chunks = jnp.minimum(_chunks_for(start_pos + true_len, size), table.shape[0] // ATTENTION_CHUNK)[None]
-    hidden, cache = _prefill_layers(params, cache, tokens, positions, write_blocks, table, num_chunks, key_mask,
-                                    config)
+    seen = jnp.where(index < true_len, positions + 1, 0)
+    attend = _prefill_attention(config, positions, seen, table, jnp.zeros_like(index), num_chunks, key_mask)
+    hidden, cache = _prefill_layers(params, cache, tokens, positions, write_blocks, attend, config)
     return _logits(params, hidden if all_logits else hidden[true_len - 1], config), cache
 
 
@@ -512,8 +537,9 @@ def prefill_packed(
 
     write_blocks = jnp.where(rows >= 0, table[starts[rows] + positions // size], cache.num_blocks)
     num_chunks = _chunks_for(jnp.sum(table_rows >= 0), 1)[None]
-    hidden, cache = _prefill_layers(params, cache, tokens, positions, write_blocks, table, num_chunks, key_mask,
-                                    config)
+    seen = jnp.where(rows >= 0, positions + 1, 0)
+    attend = _prefill_attention(config, positions, seen, table, starts[jnp.maximum(rows, 0)], num_chunks, key_mask)
+    hidden, cache = _prefill_layers(params, cache, tokens, positions, write_blocks, attend, config)
     return _logits(params, hidden[last], config), cache
 
 
@@ -563,7 +589,7 @@ def decode(
 
     def attend(q: jax.Array, layer_pools: _Pools) -> jax.Array:
         native = config.sliding_window is None and config.tensor_parallel == 1
-        if native and attention_kernel.usable(config.n_heads, layer_pools[0]):
+        if _kernel_attention(config, layer_pools[0]):
             out = attention_kernel.decode_attention(q[:, 0], layer_pools[0], layer_pools[1], block_tables,
                                                     positions + 1)
         elif native and pallas_attention.usable(config.n_heads, layer_pools[0]):

@@ -1,9 +1,9 @@
 """Decode attention over the paged KV cache as Pallas kernels: one for GPUs (Pallas' Triton
 lowering), one for TPUs (Mosaic).
 
-The contract is `lamina_jax.model.attention_kernel`'s (the native CPU kernel): one query per row
-reads the first ``lengths[b]`` positions that row's block table names, where they lie in the pools
-``[num_blocks, H_kv, block_size, d]``, with no gather into a new array. JAX's own paged-attention
+The contract is `lamina_jax.model.attention_kernel.decode_attention`'s (the native CPU kernel's):
+one query per row reads the first ``lengths[b]`` positions that row's block table names, where
+they lie in the pools ``[num_blocks, H_kv, block_size, d]``, with no gather into a new array. JAX's own paged-attention
 kernels want the pools head-major (``[H_kv, pages, page, d]``), which would mean a copy of the
 whole cache per layer and step, so these read Lamina's layout.
 
