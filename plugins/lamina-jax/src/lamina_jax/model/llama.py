@@ -526,21 +526,29 @@ def prefill_packed(
     :return: logits ``[S, vocab]`` at ``last`` and the updated cache (the input cache is donated).
     """
     size = cache.block_size
+    write_blocks = jnp.where(rows >= 0, table[starts[rows] + positions // size], cache.num_blocks)
+    attend = packed_prefill_attention(config, size, positions, rows, table, table_rows, starts)
+    hidden, cache = _prefill_layers(params, cache, tokens, positions, write_blocks, attend, config)
+    return _logits(params, hidden[last], config), cache
+
+
+def packed_prefill_attention(config: LlamaConfig, block_size: int, positions: jax.Array, rows: jax.Array,
+                             table: jax.Array, table_rows: jax.Array,
+                             starts: jax.Array) -> Callable[[jax.Array, _Pools], jax.Array]:
+    """The attention of `prefill_packed`'s tokens (its arguments of the same names), each over its own
+    sequence's positions up to its own (`_prefill_attention`)."""
     table, table_rows = _chunked(table), _chunked(table_rows + 1) - 1  # padding entries stay -1
-    entry_pos = (jnp.arange(table.shape[0]) - starts[table_rows]) * size  # first position of each entry
+    entry_pos = (jnp.arange(table.shape[0]) - starts[table_rows]) * block_size  # first position of each entry
 
     def key_mask(i: jax.Array) -> jax.Array:
-        index = _chunk_positions(i, size)
-        key_rows, key_pos = table_rows[index // size], entry_pos[index // size] + index % size
+        index = _chunk_positions(i, block_size)
+        key_rows, key_pos = table_rows[index // block_size], entry_pos[index // block_size] + index % block_size
         seen = _visible(key_pos[None, :], positions[:, None], config.sliding_window)
         return ((key_rows[None, :] == rows[:, None]) & seen)[None]
 
-    write_blocks = jnp.where(rows >= 0, table[starts[rows] + positions // size], cache.num_blocks)
     num_chunks = _chunks_for(jnp.sum(table_rows >= 0), 1)[None]
     seen = jnp.where(rows >= 0, positions + 1, 0)
-    attend = _prefill_attention(config, positions, seen, table, starts[jnp.maximum(rows, 0)], num_chunks, key_mask)
-    hidden, cache = _prefill_layers(params, cache, tokens, positions, write_blocks, attend, config)
-    return _logits(params, hidden[last], config), cache
+    return _prefill_attention(config, positions, seen, table, starts[jnp.maximum(rows, 0)], num_chunks, key_mask)
 
 
 def jax_decode_attention(q: jax.Array, pools: _Pools, block_tables: jax.Array, positions: jax.Array,
