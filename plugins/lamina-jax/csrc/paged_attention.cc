@@ -139,7 +139,7 @@ struct Shapes {
 
 // Rows first .. first + count - 1, which read the same block table `table`, attending together
 // for KV head g: out[row, h] for each row and each of the group's query heads h, where row sees
-// its first lengths[row] positions (already clamped to the table).
+// its first lengths[row] positions (which `Run` has checked lie within the table and the pools).
 template <typename T, int D>
 void Attend(const Shapes &s, const float *q, const T *k_pool, const T *v_pool, const int32_t *table,
             const int64_t *lengths, int64_t first, int64_t count, int64_t g, float *out) {
