@@ -410,11 +410,16 @@ def forward(params: LlamaParams, tokens: jax.Array, *, config: LlamaConfig) -> j
     return _logits(params, x[0], config)
 
 
+def _kernel_may_attend(config: LlamaConfig) -> bool:
+    """Whether a kernel (native or Pallas) may take attention from the JAX form: the kernels have no
+    sliding window, and XLA cannot split a custom call over devices."""
+    return config.sliding_window is None and config.tensor_parallel == 1
+
+
 def _kernel_attention(config: LlamaConfig, pool: jax.Array) -> bool:
     """Whether the native CPU kernel (`attention_kernel`) attends over pools like ``pool``: built here,
-    for their dtype, with no sliding window, on one device."""
-    return (config.sliding_window is None and config.tensor_parallel == 1
-            and attention_kernel.usable(config.n_heads, pool))
+    for their dtype, and `_kernel_may_attend`."""
+    return _kernel_may_attend(config) and attention_kernel.usable(config.n_heads, pool)
 
 
 def _prefill_attention(config: LlamaConfig, positions: jax.Array, seen: jax.Array, table: jax.Array,
@@ -596,11 +601,10 @@ def decode(
     offsets = jnp.maximum(positions, 0) % size
 
     def attend(q: jax.Array, layer_pools: _Pools) -> jax.Array:
-        native = config.sliding_window is None and config.tensor_parallel == 1
         if _kernel_attention(config, layer_pools[0]):
             out = attention_kernel.decode_attention(q[:, 0], layer_pools[0], layer_pools[1], block_tables,
                                                     positions + 1)
-        elif native and pallas_attention.usable(config.n_heads, layer_pools[0]):
+        elif _kernel_may_attend(config) and pallas_attention.usable(config.n_heads, layer_pools[0]):
             out = pallas_attention.decode_attention(q[:, 0], layer_pools[0], layer_pools[1], block_tables,
                                                     positions + 1)
         else:
