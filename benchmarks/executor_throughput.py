@@ -32,7 +32,9 @@ warm-up round before it is timed):
    prefill 512, decode at each stream count and the short prompt. Without the peer, the script
    says so and prints the JAX figures alone.
 
-Prompts are random token ids, different in every round, so no prefix cache can serve them.
+Prompts are random token ids, different in every round, so no prefix cache can serve them. The
+executor decodes one token per sequence per step, as the llama.cpp tools do: prompt lookup
+(``speculative_tokens``) is off here and measured by ``speculation.py``.
 
 Run (an idle machine, nothing else running)::
 
@@ -229,7 +231,10 @@ async def run(args: argparse.Namespace) -> dict:
     threads = os.cpu_count() or 1
     peer = resolve_peer(args.peer)
     load = load_at_start()
-    executor = JaxExecutor(JaxOptions(weights_dtype=args.weights_dtype, max_batch=max(32, *levels)))
+    # Plain decoding steps, as llama-bench and llama-batched-bench run: no drafted tokens
+    # (`speculation.py` measures those).
+    executor = JaxExecutor(JaxOptions(weights_dtype=args.weights_dtype, max_batch=max(32, *levels),
+                                      speculative_tokens=0))
     started = time.perf_counter()
     await executor.start()
     load_s = time.perf_counter() - started

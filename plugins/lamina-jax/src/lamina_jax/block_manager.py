@@ -77,14 +77,15 @@ class BlockManager:
         self.readers: dict[int, int] = {}
         """Blocks shared by forked sequences: how many sequences read each beside one."""
 
-    def grow(self, seq: Sequence, num_tokens: int) -> bool:
-        """Make ``seq`` own blocks for ``num_tokens`` positions; False (nothing taken) if memory is short."""
+    def grow(self, seq: Sequence, num_tokens: int, *, evict: bool = True) -> bool:
+        """Make ``seq`` own blocks for ``num_tokens`` positions; False (nothing taken) if memory is short.
+        Without ``evict``, only free blocks are taken (nothing cached gives way)."""
         missing = blocks_for(num_tokens, self.block_size) - len(seq.blocks)
         if missing <= 0:
             return True
         blocks = self.allocator.allocate(missing)
         for unpin in (False, True):  # pinned pre-warm prefixes give way only to a request that needs them
-            if blocks is not None or self.prefix_cache is None or (unpin and not self.kept):
+            if blocks is not None or self.prefix_cache is None or not evict or (unpin and not self.kept):
                 break
             if unpin:
                 self._unkeep()

@@ -8,7 +8,8 @@ Each ``step()`` is schedule → run → update:
 - schedule: the :class:`~lamina_jax.scheduler.Scheduler` picks the prefill chunks and the
   decode batch, taking KV blocks as sequences grow;
 - run: the :class:`~lamina_jax.model_runner.ModelRunner` executes the jitted prefill and
-  decode calls and samples on the device (XLA releases the GIL meanwhile);
+  decode calls and samples on the device (XLA releases the GIL meanwhile); a sequence with drafted
+  tokens (`speculation`) keeps its rows up to the first that disagrees with its draft;
 - update: the :class:`~lamina_jax.output_processor.OutputProcessor` detokenizes each new
   token incrementally, checks stop conditions and hands it to its request's ``emit``
   callback, which forwards it to the event loop with ``call_soon_threadsafe``. Finished and
@@ -100,6 +101,10 @@ class Engine:
         """Requests that got their first prefill chunk, per second."""
         self.queue_timeouts = 0
         """Requests failed for waiting longer than their ``max_queue_wait_s`` to start."""
+        self.drafted_tokens = 0
+        """Tokens drafted by prompt lookup (`speculation`) and decoded as extra rows."""
+        self.accepted_drafts = 0
+        """Drafted tokens the model agreed with: each one a decode step saved."""
 
     # -- called from the event loop ---------------------------------------------------
 
@@ -238,12 +243,23 @@ class Engine:
         model_s = self._prefill(step.prefills) if step.prefills else 0.0
         if step.decode:
             started = time.monotonic()
-            rows = self.runner.decode(step.decode)
+            rows = self.runner.decode(step.decode, step.drafts)
             model_s += time.monotonic() - started
-            for seq, row in zip(step.decode, rows, strict=True):
-                seq.num_computed += 1
-                self._accept(seq, row)
+            for seq, draft, seq_rows in zip(step.decode, step.drafts, rows, strict=True):
+                self._accept_drafted(seq, draft, seq_rows)
         return model_s
+
+    def _accept_drafted(self, seq: Sequence, draft: list[int], rows: list[SampledRow]) -> None:
+        """Take ``seq``'s sampled rows while its drafted tokens match them: the row after the last input
+        that matched is the model's own token (the first, without a draft)."""
+        self.drafted_tokens += len(draft)
+        for j, row in enumerate(rows):
+            seq.num_computed += 1
+            finished = self._accept(seq, row)
+            matched = j < len(draft) and row.token == draft[j]
+            self.accepted_drafts += matched
+            if finished or not matched:
+                return
 
     def _prefill(self, works: list[PrefillWork]) -> float:
         now = time.monotonic()
@@ -266,10 +282,13 @@ class Engine:
             self.scheduler.observe(max(now - seq.submitted_at for seq in first), now)
         return model_s
 
-    def _accept(self, seq: Sequence, row: SampledRow) -> None:
+    def _accept(self, seq: Sequence, row: SampledRow) -> bool:
+        """Hand ``row``'s token to ``seq``'s output; True if that finished it."""
         self.generated_tokens += not seq.warm
-        if self.outputs.accept(seq, row):
+        finished = self.outputs.accept(seq, row)
+        if finished:
             self.scheduler.remove(seq)
+        return finished
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.outputs.finish(seq, reason)

@@ -273,24 +273,30 @@ class ModelRunner:
         result = self._prefill_call(arrays, [*(w.seq for w in works), *[None] * (self.max_prefills - len(works))])
         return [row if work.last else None for row, work in zip(self._rows(result, len(works)), works, strict=True)]
 
-    def decode(self, seqs: Seq[Sequence]) -> list[SampledRow]:
-        """One token for each sequence (its last token is the input). The rows go in order of
-        context length, so that each attention segment (`llama.DECODE_SEGMENT_ROWS`) loops only about
-        as far as each of its rows needs; sampling follows the sequence, not the row."""
-        rows = bucket(len(seqs))
-        order = sorted(range(len(seqs)), key=lambda i: seqs[i].num_computed)
+    def decode(self, seqs: Seq[Sequence], drafts: Seq[Seq[int]] | None = None) -> list[list[SampledRow]]:
+        """The next token of each sequence (its last token is the input) and, for each token drafted
+        for it (``drafts``, `speculation`), the token after that draft: one row per input token, each at
+        its own position over the sequence's blocks, so a row sees the K/V its sequence's earlier rows
+        write in the same call. The rows go in order of position, so that each attention segment
+        (`llama.DECODE_SEGMENT_ROWS`) loops only about as far as each of its rows needs; sampling
+        follows the sequence, not the row. Returns each sequence's rows in order."""
+        drafts = drafts or [()] * len(seqs)
+        inputs = sorted(((seq.num_computed + j, i, token) for i, seq in enumerate(seqs)
+                         for j, token in enumerate([seq.tokens[-1], *drafts[i]])), key=lambda row: row[0])
+        rows = bucket(len(inputs))
         tokens = np.zeros(rows, np.int32)
         positions = np.full(rows, -1, np.int32)
         tables = np.zeros((rows, self.table_width), np.int32)
-        for row, i in enumerate(order):
-            seq = seqs[i]
-            tokens[row], positions[row] = seq.tokens[-1], seq.num_computed
-            tables[row, : len(seq.blocks)] = seq.blocks
-        padding = [None] * (rows - len(seqs))
-        sampled = self._rows(self._decode_call(tokens, tables, positions, [*(seqs[i] for i in order), *padding]),
-                             len(seqs))
-        row_of = {i: row for row, i in enumerate(order)}
-        return [sampled[row_of[i]] for i in range(len(seqs))]
+        for row, (position, i, token) in enumerate(inputs):
+            tokens[row], positions[row] = token, position
+            tables[row, : len(seqs[i].blocks)] = seqs[i].blocks
+        padding = [None] * (rows - len(inputs))
+        sampled = self._rows(self._decode_call(tokens, tables, positions, [*(seqs[i] for _, i, _ in inputs), *padding]),
+                             len(inputs))
+        by_seq: list[list[SampledRow]] = [[] for _ in seqs]
+        for (_, i, _), row in zip(inputs, sampled, strict=True):
+            by_seq[i].append(row)
+        return by_seq
 
     @staticmethod
     def _rows(result: SampleResult, count: int) -> list[SampledRow]:

@@ -22,6 +22,11 @@ are freed and it goes back to the front of the queue, to be recomputed (prompt p
 already generated) when memory frees up — vLLM's recompute preemption. Its client sees only a
 pause.
 
+With ``speculative_tokens``, a decode step also drafts up to that many next tokens for each greedy
+sequence from its own context (`speculation`), as many as keep the step within ``speculative_rows``
+rows (sequences and drafts; an equal share each) and where blocks for them are free (no sequence
+is preempted and nothing cached evicted for a draft); the step's ``drafts`` carries them.
+
 With a pre-warm policy (the stack's ``[prewarm]``), every new prompt is shown to it, and
 :meth:`Scheduler.keep_wanted` (called by the engine now and then) has the block manager pin the
 wanted prefixes that are cached and name one that is not, which the engine computes when idle
@@ -41,6 +46,7 @@ from lamina_hookspecs.types import SchedulerState, WarmPrefix
 from lamina_jax.block_manager import BlockManager, blocks_for
 from lamina_jax.rates import EventRate
 from lamina_jax.sequence import Sequence
+from lamina_jax.speculation import NgramIndex, draftable
 
 ARRIVAL_WINDOW_S = 2.0
 """Time constant of the arrival-rate moving average that batching policies see."""
@@ -58,10 +64,12 @@ class PrefillWork:
 
 @attrs.frozen
 class Step:
-    """What one engine step runs: prefill chunks (one call) and a decode batch."""
+    """What one engine step runs: prefill chunks (one call) and a decode batch, with the tokens
+    drafted for each decoding sequence (``[]``: none)."""
 
     prefills: list[PrefillWork]
     decode: list[Sequence]
+    drafts: list[list[int]]
 
 
 class Scheduler:
@@ -69,7 +77,8 @@ class Scheduler:
 
     def __init__(self, blocks: BlockManager, *, max_batch: int, prefill_chunk: int,
                  decoding_prefill_chunk: int | None = None, max_prefills: int = 8, table_capacity: int = 256,
-                 batching: BatchingPolicy | None = None, prewarm: PrewarmPolicy | None = None) -> None:
+                 batching: BatchingPolicy | None = None, prewarm: PrewarmPolicy | None = None,
+                 speculative_tokens: int = 0, speculative_rows: int = 0, max_model_len: int | None = None) -> None:
         self.blocks = blocks
         self.batching = batching
         self.prewarm = prewarm
@@ -79,6 +88,9 @@ class Scheduler:
         self.decoding_prefill_chunk = decoding_prefill_chunk or prefill_chunk
         self.max_prefills = max_prefills
         self.table_capacity = table_capacity
+        self.speculative_tokens, self.speculative_rows = speculative_tokens, speculative_rows
+        self.max_model_len = max_model_len
+        self._ngrams: dict[Sequence, NgramIndex] = {}
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -124,6 +136,7 @@ class Scheduler:
             if seq in group:
                 group.remove(seq)
                 self.blocks.release(seq)
+                self._ngrams.pop(seq, None)
                 return True
         return False
 
@@ -141,7 +154,7 @@ class Scheduler:
         """The next step; ``now`` (default: the monotonic clock) is the time the policy sees."""
         decode = self._reserve_decode_blocks()
         now = time.monotonic() if now is None else now
-        return Step(prefills=self._next_prefills(len(decode), now), decode=decode)
+        return Step(prefills=self._next_prefills(len(decode), now), decode=decode, drafts=self._drafts(decode))
 
     def finish_prefill(self, work: PrefillWork) -> None:
         """Record a prefilled chunk; a sequence whose prompt is complete joins the running batch."""
@@ -164,6 +177,26 @@ class Scheduler:
                 batch.append(seq)
         return batch
 
+    def _drafts(self, decode: list[Sequence]) -> list[list[int]]:
+        """Tokens drafted for each of ``decode``: each sequence's share of ``speculative_rows``, within
+        its ``max_tokens`` and the context, where blocks for them are free."""
+        drafts: list[list[int]] = [[] for _ in decode]
+        rows = min(self.speculative_rows, self.max_batch)  # the decode shapes go up to max_batch rows
+        share = min(self.speculative_tokens, (rows - len(decode)) // max(len(decode), 1))
+        if share <= 0:
+            return drafts
+        for i, seq in enumerate(decode):
+            left = seq.sampling.max_tokens - len(seq.output_ids) - 1
+            if self.max_model_len is not None:
+                left = min(left, self.max_model_len - seq.length - 1)
+            count = min(share, left)
+            if count <= 0 or not draftable(seq):
+                continue
+            draft = self._ngrams.setdefault(seq, NgramIndex()).propose(seq.tokens, count)
+            if draft and self.blocks.grow(seq, seq.num_computed + 1 + len(draft), evict=False):
+                drafts[i] = draft
+        return drafts
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.blocks.release(seq)
@@ -178,6 +211,7 @@ class Scheduler:
         dropped = [*self.running, *self.waiting]
         for seq in dropped:
             self.blocks.release(seq, keep=False)
+        self._ngrams.clear()
         self.running.clear()
         self.waiting.clear()
         self.blocks.discard_cached()
