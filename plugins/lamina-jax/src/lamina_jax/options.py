@@ -78,11 +78,11 @@ class JaxOptions:
         default=None, validator=attrs.validators.optional(attrs.validators.ge(16)), metadata={
             "help": "most prompt tokens prefilled in a step that also decodes running streams, so that a new "
                     "prompt pauses them for less (unset: prefill_chunk)"})
-    speculative_tokens: int = attrs.field(default=4, validator=attrs.validators.ge(0), metadata={
+    speculative_tokens: int = attrs.field(default=3, validator=attrs.validators.ge(0), metadata={
         "help": "most tokens drafted per greedy sequence by prompt lookup (its last n-gram found earlier in its "
                 "prompt or output) and checked in the same decode step, so one step may yield several tokens "
                 "(0: off)"})
-    speculative_rows: int = attrs.field(default=8, validator=attrs.validators.ge(1), metadata={
+    speculative_rows: int = attrs.field(default=4, validator=attrs.validators.ge(1), metadata={
         "help": "most rows (sequences and their drafted tokens) a decode step that drafts may hold: each "
                 "sequence drafts its equal share of them, so a large batch, whose rows already cost their "
                 "compute, drafts nothing"})
