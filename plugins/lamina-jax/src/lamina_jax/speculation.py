@@ -9,8 +9,9 @@ model's own token after them. At a small batch a decode step is bound by reading
 more rows cost little, and each accepted guess saves a step.
 
 Only greedy sequences whose sampling reads no history are drafted: their token at each row is the
-model's argmax there whatever came before, so the output is the one plain decoding would give (up to
-the numerics of the batch size, which plain decoding varies too).
+model's argmax there whatever came before, so the output is the one plain decoding would give, up to
+the numerics of the step's row count: ``weights_dtype = "auto"`` may serve another row count in another
+format, as it does when a plain batch grows.
 """
 
 from __future__ import annotations
