@@ -127,6 +127,32 @@ def test_drafted_decoding_gives_plain_decodings_tokens_and_logprobs_and_frees_ev
     np.testing.assert_allclose(drafted_logprobs, plain_logprobs, atol=1e-4)
 
 
+def test_a_finished_stream_has_freed_its_blocks_when_its_client_sees_the_end(tiny_gguf: Path) -> None:
+    """Freeing is made slow here: the last chunk still waits for it, so a client (or a router reading
+    the executor's state) that sees a request end never counts its blocks as held."""
+    async def go() -> list[int]:
+        executor = await started(tiny_gguf)
+        scheduler = executor.engine.scheduler
+        remove = scheduler.remove
+
+        def slow_remove(seq: Any) -> bool:
+            time.sleep(0.2)
+            return remove(seq)
+
+        scheduler.remove = slow_remove  # type: ignore[method-assign]
+        held = []
+        for i, max_tokens in enumerate((1, 5)):
+            request = Request(id=f"r{i}", model=executor.model.id, prompt="a b c d e f " * 3,
+                              sampling=SamplingParams(max_tokens=max_tokens, **GREEDY))
+            async for chunk in executor.generate(request):
+                if chunk.finish_reason is not None:
+                    held.append(executor.state().kv_blocks_used)
+        await executor.stop()
+        return held
+
+    assert run(go) == [0, 0]
+
+
 def test_seed_gives_the_same_tokens_whatever_shares_the_batch(tiny_gguf: Path) -> None:
     sampling = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
 

@@ -46,7 +46,7 @@ import numpy as np
 import structlog
 
 from lamina_hookspecs.errors import InternalError, ServiceUnavailableError
-from lamina_hookspecs.types import FinishReason, SamplingParams
+from lamina_hookspecs.types import SamplingParams
 from lamina_jax.model_runner import ModelRunner, SampledRow
 from lamina_jax.output_processor import OutputProcessor
 from lamina_jax.rates import SpacedRate
@@ -83,7 +83,7 @@ class Engine:
     def __init__(self, runner: ModelRunner, scheduler: Scheduler, tokenizer: Tokenizer, *,
                  max_model_len: int) -> None:
         self.runner, self.scheduler = runner, scheduler
-        self.outputs = OutputProcessor(tokenizer, max_model_len=max_model_len)
+        self.outputs = OutputProcessor(tokenizer, max_model_len=max_model_len, release=scheduler.remove)
         self._inbox: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.generated_tokens = 0
@@ -162,7 +162,7 @@ class Engine:
             self._prewarm(time.monotonic())
             idle_s = self.step()
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
-            self._finish(seq, "abort")
+            self.outputs.finish(seq, "abort")
 
     def _drain(self, *, timeout: float | None) -> bool:
         """Apply inbox commands, waiting up to ``timeout`` seconds for the first (``None``: for ever); False on stop."""
@@ -283,13 +283,6 @@ class Engine:
         return model_s
 
     def _accept(self, seq: Sequence, row: SampledRow) -> bool:
-        """Hand ``row``'s token to ``seq``'s output; True if that finished it."""
+        """Hand ``row``'s token to ``seq``'s output; True if that finished it (and took it out)."""
         self.generated_tokens += not seq.warm
-        finished = self.outputs.accept(seq, row)
-        if finished:
-            self.scheduler.remove(seq)
-        return finished
-
-    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
-        self.outputs.finish(seq, reason)
-        self.scheduler.remove(seq)
+        return self.outputs.accept(seq, row)

@@ -4,10 +4,13 @@ One :class:`_Output` per sequence holds its incremental detokenizer and stop-str
 engine hands every sampled row to :meth:`OutputProcessor.accept`, which appends the token, decides
 whether the sequence is finished (EOS, a stop token or string, its structured output complete,
 ``max_tokens``, the context window) and emits a :class:`~lamina_hookspecs.types.TokenChunk`
-through the sequence's ``emit``.
+through the sequence's ``emit``. A finished sequence is released (its blocks freed) before its
+last chunk is emitted, so a client that sees the end never finds its memory still held.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import structlog
 
@@ -34,9 +37,10 @@ class _Output:
 class OutputProcessor:
     """The text state of every sequence the engine holds; runs on the engine thread."""
 
-    def __init__(self, tokenizer: Tokenizer, *, max_model_len: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, *, max_model_len: int, release: Callable[[Sequence], object]) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self._release = release
         self._outputs: dict[Sequence, _Output] = {}
 
     def add(self, seq: Sequence) -> None:
@@ -45,8 +49,14 @@ class OutputProcessor:
     def drop(self, seq: Sequence) -> None:
         self._outputs.pop(seq, None)
 
+    def _end(self, seq: Sequence, last: object) -> None:
+        """Release and drop the finished ``seq``, then emit ``last``."""
+        self._release(seq)
+        self.drop(seq)
+        seq.emit(last)
+
     def accept(self, seq: Sequence, row: SampledRow) -> bool:
-        """Append ``row``'s token to ``seq`` and emit it; True if ``seq`` is finished (and dropped here)."""
+        """Append ``row``'s token to ``seq`` and emit it; True if ``seq`` is finished (released and dropped here)."""
         output = self._outputs[seq]
         sampling = seq.sampling
         token = row.token
@@ -65,8 +75,7 @@ class OutputProcessor:
                 finish = "stop" if advance(seq.matcher, token) else None
             except RuntimeError as error:
                 log.error("structured_output_failed", request_id=seq.request_id, error=str(error))
-                seq.emit(InternalError("the executor lost track of this request's structured output"))
-                self.drop(seq)
+                self._end(seq, InternalError("the executor lost track of this request's structured output"))
                 return True
         if finish is None and (len(seq.output_ids) >= sampling.max_tokens or seq.length >= self.max_model_len):
             finish = "length"
@@ -75,7 +84,7 @@ class OutputProcessor:
             more, hit = output.stop_text.push(output.detokenizer.flush())
             text += more + ("" if hit else output.stop_text.flush())
             finish = "stop" if hit else finish
-        seq.emit(TokenChunk(
+        chunk = TokenChunk(
             request_id=seq.request_id,
             index=len(seq.output_ids) - 1,
             token_ids=(token,),
@@ -85,17 +94,18 @@ class OutputProcessor:
             finish_reason=finish,
             usage=Usage(prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
                         cached_tokens=seq.cached_tokens, queue_s=seq.queue_s or 0.0) if finish else None,
-        ))
-        if finish is not None:
-            self.drop(seq)
-        return finish is not None
+        )
+        if finish is None:
+            seq.emit(chunk)
+            return False
+        self._end(seq, chunk)
+        return True
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """End ``seq``'s stream with ``reason`` and no new token."""
-        seq.emit(TokenChunk(request_id=seq.request_id, index=len(seq.output_ids), finish_reason=reason,
-                            usage=Usage(prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
-                                        queue_s=seq.queue_s or 0.0)))
-        self.drop(seq)
+        self._end(seq, TokenChunk(request_id=seq.request_id, index=len(seq.output_ids), finish_reason=reason,
+                                  usage=Usage(prompt_tokens=len(seq.prompt_ids), completion_tokens=len(seq.output_ids),
+                                              queue_s=seq.queue_s or 0.0)))
 
     def _top(self, row: SampledRow, count: int) -> tuple[TopLogprob, ...]:
         return tuple(
