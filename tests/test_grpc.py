@@ -14,10 +14,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 from lamina.kernel import tool_calls
 from lamina.kernel.plugins import load_plugins
 from lamina.pool.remote import RemoteExecutor
 from lamina.server import grpc_service
+from lamina.server.metrics import Metrics
 from lamina.wire import convert
 from lamina.server.grpc_service import InferenceService, start_grpc
 from lamina.server.openai_api import parse_chat, parse_completion
@@ -248,7 +250,8 @@ class Flaky:
 
     def state(self) -> BackendState:
         return BackendState(name="flaky", model="flaky", healthy=self.healthy, queue_depth=2, kv_blocks_used=3,
-                            kv_blocks_total=8, tokens_per_s=12.5, preemptions=4)
+                            kv_blocks_total=8, tokens_per_s=12.5, preemptions=4, draft_tokens=30,
+                            accepted_draft_tokens=21)
 
     async def generate(self, request: Request) -> AsyncIterator[TokenChunk]:
         yield TokenChunk(request_id=request.id, index=0, token_ids=(1,), text="ok")
@@ -504,10 +507,24 @@ def test_tool_calls_come_as_typed_fragments() -> None:
 
 
 def test_get_state_reports_the_executors_state() -> None:
+    """Through GetState to a gateway's view of the worker, and the worker's counters in its /metrics."""
     async def scenario(live: Live) -> None:
         state = await live.stub.GetState(pb.GetStateRequest())
         assert (state.healthy, state.queue_depth, state.kv_blocks_used, state.kv_blocks_total) == (True, 2, 3, 8)
         assert (state.tokens_per_s, state.preemptions) == (12.5, 4)
+        assert (state.draft_tokens, state.accepted_draft_tokens) == (30, 21)
+        remote = RemoteExecutor("w", live.address, connect_timeout_s=5)
+        await remote.start()
+        try:
+            seen = remote.state()
+        finally:
+            await remote.stop()
+        assert (seen.kv_blocks_used, seen.preemptions, seen.draft_tokens, seen.accepted_draft_tokens) == (3, 4, 30, 21)
+        exported = {s.name: s.value for family in text_string_to_metric_families(Metrics(live.stack).render().decode())
+                    for s in family.samples}
+        assert exported["lamina_num_preemptions_total"] == 4
+        assert exported["lamina_spec_decode_num_draft_tokens_total"] == 30
+        assert exported["lamina_spec_decode_num_accepted_tokens_total"] == 21
 
     run({"executor": {"use": "flaky"}}, scenario, ("flaky", Flaky()))
 

@@ -28,6 +28,8 @@ lamina_requests_total{{endpoint="chat",status="200",tenant="t",arm="router=contr
 lamina_requests_total{{endpoint="chat",status="503",tenant="t",arm="router=control"}} 2
 lamina_requests_total{{endpoint="chat",status="200",tenant="t",arm="router=treatment"}} 10
 lamina_generation_tokens_total{{tenant="t"}} {tokens}
+lamina_spec_decode_num_draft_tokens_total {tokens}
+lamina_spec_decode_num_accepted_tokens_total {accepted}
 lamina_time_to_first_token_seconds_bucket{{arm="router=control",le="0.1"}} 4
 lamina_time_to_first_token_seconds_bucket{{arm="router=control",le="0.5"}} 8
 lamina_time_to_first_token_seconds_bucket{{arm="router=control",le="+Inf"}} 8
@@ -38,8 +40,9 @@ lamina_slo_burn_rate{{slo="ttft_p95",window="1h"}} 0.5
 """
 
 
-def snapshot(at: float, control: int = 6, tokens: int = 100) -> Snapshot:
-    return Snapshot("http://x", at, True, False, parse_metrics(METRICS.format(control=control, tokens=tokens)))
+def snapshot(at: float, control: int = 6, tokens: int = 100, accepted: int = 60) -> Snapshot:
+    return Snapshot("http://x", at, True, False, parse_metrics(METRICS.format(control=control, tokens=tokens,
+                                                                              accepted=accepted)))
 
 
 @pytest.mark.parametrize(("q", "expected"), [(0.5, 0.3), (0.25, 0.1), (0.125, 0.05), (1.0, 1.0)])
@@ -64,9 +67,10 @@ def test_rates_are_counter_deltas_between_scrapes() -> None:
 
 
 def test_summary_of_two_scrapes() -> None:
-    summary = summarize(snapshot(12.0, control=16, tokens=300), snapshot(10.0))
+    summary = summarize(snapshot(12.0, control=16, tokens=300, accepted=110), snapshot(10.0))
     assert [(r.name, r.up, r.circuit_open) for r in summary.replicas] == [("a", True, False), ("b", False, True)]
     assert (summary.load.running, summary.load.requests_per_s) == (3.0, pytest.approx(5.0))
+    assert summary.load.drafts_kept == pytest.approx(50 / 200), "of the tokens drafted between the scrapes"
     (slo,) = summary.slos
     assert (slo.name, slo.threshold, slo.budget, slo.burn) == ("ttft_p95", 0.5, 0.05, {"5m": 14.4, "1h": 0.5})
     control, treatment = summary.arms
@@ -74,6 +78,7 @@ def test_summary_of_two_scrapes() -> None:
     assert control.ttft_p50 == pytest.approx(0.1) and control.ttft_p95 == pytest.approx(0.46)
     assert (treatment.requests, treatment.error_share, treatment.ttft_p50) == (10.0, 0.0, None)
     assert summarize(snapshot(10.0)).load.requests_per_s is None
+    assert summarize(snapshot(12.0), snapshot(10.0)).load.drafts_kept is None, "nothing drafted in between"
 
 
 def test_burn_over_one_is_red() -> None:
@@ -99,7 +104,7 @@ def test_status_once_against_a_live_server(live, capsys: pytest.CaptureFixture[s
     assert main(["status", server.url, "--once"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^ local +yes +closed +0 +0 +0\.0% ", out, re.M), out
-    assert re.search(r"^ +0 +0 +0\.0% +– +– *$", out, re.M), out  # one scrape: no rates yet
+    assert re.search(r"^ +0 +0 +0\.0% +– +– +– *$", out, re.M), out  # one scrape: no rates yet
     assert re.search(r"^ ttft_p95 +500 ms +5\.0% +0\.00 +0\.00", out, re.M), out
     assert re.search(r"^ error_rate +1\.0% +1\.0% +0\.00 +0\.00", out, re.M), out
     counts = {arm: int(n) for arm, n in re.findall(r"^ router=(control|treatment) +(\d+) +0\.0% ", out, re.M)}

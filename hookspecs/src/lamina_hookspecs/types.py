@@ -407,7 +407,8 @@ class BackendState:
     """A live snapshot of one backend (replica), as routers and autoscalers see it;
     ``tokens_per_s`` is its recent generation rate (a moving average over seconds),
     ``preemptions`` how many times since it started a running request was preempted for memory
-    (to be recomputed later)."""
+    (to be recomputed later); ``draft_tokens`` how many tokens its speculative decoding drafted
+    since it started, ``accepted_draft_tokens`` how many of them the model agreed with."""
 
     name: str
     model: str
@@ -421,6 +422,8 @@ class BackendState:
     tokens_per_s: float = 0.0
     circuit_open: bool = False
     preemptions: int = 0
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
     @property
     def available(self) -> bool:

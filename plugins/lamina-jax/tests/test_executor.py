@@ -111,9 +111,9 @@ def test_drafted_decoding_gives_plain_decodings_tokens_and_logprobs_and_frees_ev
             max_tokens=40, logprobs=True, top_logprobs=2, **GREEDY)) for i, p in enumerate(prompts)]
         outputs = [await collect(executor, requests[0])]
         outputs += await asyncio.gather(*(collect(executor, r) for r in requests))
-        engine = executor.engine
-        drafted, accepted = engine.drafted_tokens, engine.accepted_drafts
-        assert executor.state().kv_blocks_used == 0
+        state = executor.state()
+        assert state.kv_blocks_used == 0
+        drafted, accepted = state.draft_tokens, state.accepted_draft_tokens
         await executor.stop()
         return ([tokens_of(o) for o in outputs], [[lp for c in o for lp in c.logprobs or ()] for o in outputs],
                 drafted, accepted)

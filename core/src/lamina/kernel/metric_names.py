@@ -25,6 +25,8 @@ KV_CACHE_USAGE = "lamina_kv_cache_usage_perc"
 KV_CACHE_BLOCKS_USED = "lamina_kv_cache_blocks_used"
 KV_CACHE_BLOCKS_TOTAL = "lamina_kv_cache_blocks_total"
 PREEMPTIONS = "lamina_num_preemptions"
+SPEC_DECODE_DRAFT_TOKENS = "lamina_spec_decode_num_draft_tokens"
+SPEC_DECODE_ACCEPTED_TOKENS = "lamina_spec_decode_num_accepted_tokens"
 
 BACKEND_UP = "lamina_backend_up"
 BACKEND_CIRCUIT_OPEN = "lamina_backend_circuit_open"

@@ -158,11 +158,14 @@ class RemoteExecutor:
         except grpc.aio.AioRpcError:
             if self._state.healthy:
                 log.warning("backend_unreachable", backend=self.name, address=self.address)
+            last = self._state  # its counters are kept while unreachable
             self._state = BackendState(name=self.name, model=self.model.id, healthy=False,
-                                       preemptions=self._state.preemptions)  # a counter: kept while unreachable
+                                       preemptions=last.preemptions, draft_tokens=last.draft_tokens,
+                                       accepted_draft_tokens=last.accepted_draft_tokens)
             return
         self._state = BackendState(
             name=self.name, model=self.model.id, healthy=r.healthy, draining=r.draining,
             outstanding_requests=r.outstanding_requests, outstanding_tokens=r.outstanding_tokens,
             queue_depth=r.queue_depth, kv_blocks_used=r.kv_blocks_used, kv_blocks_total=r.kv_blocks_total,
-            tokens_per_s=r.tokens_per_s, preemptions=r.preemptions)
+            tokens_per_s=r.tokens_per_s, preemptions=r.preemptions, draft_tokens=r.draft_tokens,
+            accepted_draft_tokens=r.accepted_draft_tokens)

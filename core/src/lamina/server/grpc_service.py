@@ -316,7 +316,8 @@ class InferenceService(pb_grpc.InferenceServicer):
             queue_depth=sum(s.queue_depth for s in states), kv_blocks_used=sum(s.kv_blocks_used for s in states),
             kv_blocks_total=sum(s.kv_blocks_total for s in states),
             tokens_per_s=sum(s.tokens_per_s for s in states),
-            preemptions=sum(s.preemptions for s in states))
+            preemptions=sum(s.preemptions for s in states), draft_tokens=sum(s.draft_tokens for s in states),
+            accepted_draft_tokens=sum(s.accepted_draft_tokens for s in states))
 
     async def ListModels(self, request: pb.ListModelsRequest, context: Context) -> pb.ListModelsReply:  # noqa: N802
         models = {executor.model.id: executor.model for executor in self.stack.backends.values()}

@@ -67,6 +67,11 @@ class _BackendGauges(Collector):
         yield GaugeMetricFamily(m.KV_CACHE_BLOCKS_TOTAL, "KV-cache blocks in all.", value=total)
         yield CounterMetricFamily(m.PREEMPTIONS, "Running requests preempted for KV memory (recomputed "
                                   "later), since the backends started.", value=sum(s.preemptions for s in states))
+        yield CounterMetricFamily(m.SPEC_DECODE_DRAFT_TOKENS, "Tokens drafted by speculative decoding, since the "
+                                  "backends started.", value=sum(s.draft_tokens for s in states))
+        yield CounterMetricFamily(m.SPEC_DECODE_ACCEPTED_TOKENS, "Drafted tokens the model agreed with (each one a "
+                                  "decode step saved), since the backends started.",
+                                  value=sum(s.accepted_draft_tokens for s in states))
         yield from self._per_backend(named)
 
     def _per_backend(self, named: dict[str, BackendState]) -> Iterator[GaugeMetricFamily]:

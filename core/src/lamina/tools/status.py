@@ -55,6 +55,7 @@ class Load:
     kv_usage: float
     requests_per_s: float | None  # None until two scrapes
     tokens_per_s: float | None
+    drafts_kept: float | None  # share of the tokens drafted between the scrapes that the model agreed with
 
 
 @attrs.frozen
@@ -168,8 +169,15 @@ def summarize(current: Snapshot, previous: Snapshot | None = None) -> Summary:
     load = Load(running=_total(s, m.NUM_REQUESTS_RUNNING), waiting=_total(s, m.NUM_REQUESTS_WAITING),
                 kv_usage=_total(s, m.KV_CACHE_USAGE),
                 requests_per_s=rate(current, previous, m.REQUESTS + "_total"),
-                tokens_per_s=rate(current, previous, m.GENERATION_TOKENS + "_total"))
+                tokens_per_s=rate(current, previous, m.GENERATION_TOKENS + "_total"),
+                drafts_kept=_drafts_kept(current, previous))
     return Summary(current.url, current.ready, current.draining, _replicas(s), load, _slos(s), _arms(s))
+
+
+def _drafts_kept(current: Snapshot, previous: Snapshot | None) -> float | None:
+    drafted = rate(current, previous, m.SPEC_DECODE_DRAFT_TOKENS + "_total")
+    kept = rate(current, previous, m.SPEC_DECODE_ACCEPTED_TOKENS + "_total")
+    return kept / drafted if drafted and kept is not None else None
 
 
 def _flag(text: str, bad: bool) -> Text:
@@ -196,10 +204,11 @@ def _replicas_table(replicas: Sequence[Replica]) -> Table:
 
 
 def _load_table(load: Load) -> Table:
-    table = rich_table("Load", "running", "waiting", "KV", "req/s", "tok/s")
+    table = rich_table("Load", "running", "waiting", "KV", "req/s", "tok/s", "drafts kept")
     table.columns[0].justify = "right"
     table.add_row(fmt_num(load.running), fmt_num(load.waiting), fmt_pct(load.kv_usage),
-                  fmt_num(load.requests_per_s, "{:.2f}"), fmt_num(load.tokens_per_s, "{:.1f}"))
+                  fmt_num(load.requests_per_s, "{:.2f}"), fmt_num(load.tokens_per_s, "{:.1f}"),
+                  fmt_pct(load.drafts_kept))
     return table
 
 

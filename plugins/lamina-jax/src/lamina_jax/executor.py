@@ -199,6 +199,7 @@ class JaxExecutor:
             outstanding_tokens=self._outstanding_tokens, queue_depth=engine.num_waiting,
             kv_blocks_used=allocator.num_used, kv_blocks_total=allocator.num_blocks,
             tokens_per_s=engine.tokens_per_s(), preemptions=engine.scheduler.num_preemptions,
+            draft_tokens=engine.drafted_tokens, accepted_draft_tokens=engine.accepted_drafts,
         )
 
     async def tokenize(self, request: Request, *, add_special_tokens: bool = True,

@@ -244,7 +244,7 @@ class GetStateRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class BackendStateReply(_message.Message):
-    __slots__ = ("healthy", "draining", "outstanding_requests", "outstanding_tokens", "queue_depth", "kv_blocks_used", "kv_blocks_total", "tokens_per_s", "preemptions")
+    __slots__ = ("healthy", "draining", "outstanding_requests", "outstanding_tokens", "queue_depth", "kv_blocks_used", "kv_blocks_total", "tokens_per_s", "preemptions", "draft_tokens", "accepted_draft_tokens")
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     OUTSTANDING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
@@ -254,6 +254,8 @@ class BackendStateReply(_message.Message):
     KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     healthy: bool
     draining: bool
     outstanding_requests: int
@@ -263,4 +265,6 @@ class BackendStateReply(_message.Message):
     kv_blocks_total: int
     tokens_per_s: float
     preemptions: int
-    def __init__(self, healthy: _Optional[bool] = ..., draining: _Optional[bool] = ..., outstanding_requests: _Optional[int] = ..., outstanding_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., preemptions: _Optional[int] = ...) -> None: ...
+    draft_tokens: int
+    accepted_draft_tokens: int
+    def __init__(self, healthy: _Optional[bool] = ..., draining: _Optional[bool] = ..., outstanding_requests: _Optional[int] = ..., outstanding_tokens: _Optional[int] = ..., queue_depth: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., preemptions: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
