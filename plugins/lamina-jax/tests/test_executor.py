@@ -98,17 +98,21 @@ def test_concurrent_greedy_streams_match_a_full_forward_pass(tiny_gguf: Path, de
         assert output == greedy_reference(tiny_gguf, prompt, 24)
 
 
-def test_drafted_decoding_gives_plain_decodings_tokens_and_logprobs_and_frees_every_block(tiny_gguf: Path) -> None:
-    """Repetitive prompts (a random model soon repeats itself too), greedy, decoded with and without
-    drafting, alone and two at a time: the same tokens (those of a full forward pass) and logprobs;
-    drafts were taken and some kept, and no block stays held."""
+@pytest.mark.parametrize("sampling", [GREEDY, dict(temperature=1.0, top_k=3, ignore_eos=True)],
+                         ids=["greedy", "sampled"])
+def test_drafted_decoding_gives_plain_decodings_tokens_and_logprobs_and_frees_every_block(
+        tiny_gguf: Path, sampling: dict[str, Any]) -> None:
+    """Repetitive prompts (a random model soon repeats itself too), decoded with and without drafting,
+    alone and two at a time: the same tokens (greedy: those of a full forward pass; sampled: those
+    each request's seed gives) and logprobs; drafts were taken and some kept, and no block stays held."""
     rng = np.random.default_rng(3)
     prompts = [rng.integers(3, 200, 6).tolist() * 4, rng.integers(3, 200, 9).tolist() * 3]
 
     async def go(speculative_tokens: int) -> tuple[list[list[int]], list[list[float]], int, int]:
-        executor = await started(tiny_gguf, speculative_tokens=speculative_tokens, max_batch=8)
+        executor = await started(tiny_gguf, speculative_tokens=speculative_tokens, speculative_sampling=True,
+                                 max_batch=8)
         requests = [Request(id=f"r{i}", model=executor.model.id, prompt_token_ids=p, sampling=SamplingParams(
-            max_tokens=40, logprobs=True, top_logprobs=2, **GREEDY)) for i, p in enumerate(prompts)]
+            max_tokens=40, logprobs=True, top_logprobs=2, seed=i, **sampling)) for i, p in enumerate(prompts)]
         outputs = [await collect(executor, requests[0])]
         outputs += await asyncio.gather(*(collect(executor, r) for r in requests))
         state = executor.state()
@@ -123,7 +127,8 @@ def test_drafted_decoding_gives_plain_decodings_tokens_and_logprobs_and_frees_ev
     assert none_drafted == 0
     assert 0 < accepted < count, "some drafts kept, some refused: both paths taken"
     assert drafted == plain
-    assert plain[0] == greedy_reference(tiny_gguf, prompts[0], 40)
+    greedy = greedy_reference(tiny_gguf, prompts[0], 40)
+    assert plain[0] == greedy if sampling is GREEDY else plain[0] != greedy
     np.testing.assert_allclose(drafted_logprobs, plain_logprobs, atol=1e-4)
 
 

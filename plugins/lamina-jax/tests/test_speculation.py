@@ -8,7 +8,7 @@ from lamina_hookspecs.types import SamplingParams
 from lamina_jax.block_manager import BlockAllocator, BlockManager
 from lamina_jax.scheduler import Scheduler
 from lamina_jax.sequence import Sequence
-from lamina_jax.speculation import NgramIndex
+from lamina_jax.speculation import Drafter, NgramIndex
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
@@ -36,7 +36,7 @@ def _running(scheduler: Scheduler, name: str, prompt: list[int], **sampling: obj
     return seq
 
 
-def test_greedy_sequences_draft_their_share_of_the_rows_within_their_limits() -> None:
+def test_sequences_draft_their_share_of_the_rows_within_their_limits() -> None:
     scheduler = Scheduler(BlockManager(BlockAllocator(100), block_size=4), max_batch=8, prefill_chunk=64,
                           speculative_tokens=3, speculative_rows=8, max_model_len=64)
     pattern = [5, 6, 7, 8, 9]
@@ -48,7 +48,10 @@ def test_greedy_sequences_draft_their_share_of_the_rows_within_their_limits() ->
     biased = _running(scheduler, "biased", pattern * 3, logit_bias=[(5, 1.0)])
     step = scheduler.schedule()
     assert step.decode == [greedy, sampled, biased]
-    assert step.drafts == [[6], [], []], "a third of 8 rows each, and only the greedy one reads no history"
+    assert step.drafts == [[6], [], []], "a third of 8 rows each, for the greedy one alone by default"
+    scheduler.speculative_sampling = True
+    assert scheduler.schedule().drafts == [[6], [6], []], "the bias reads the tokens before each row"
+    scheduler.speculative_sampling = False
 
     scheduler.remove(sampled)
     _running(scheduler, "short", pattern * 3, max_tokens=2)
@@ -61,3 +64,18 @@ def test_greedy_sequences_draft_their_share_of_the_rows_within_their_limits() ->
         scheduler.remove(seq)
     _running(scheduler, "near_end", pattern * 12)  # 61 tokens of a 64-position context
     assert scheduler.schedule().drafts == [[6, 7]], "up to the context's last position"
+
+
+def test_drafts_refused_outright_pause_drafting_for_longer_each_time_until_one_is_kept() -> None:
+    drafter = Drafter()
+    tokens = [1, 2, 3, 1, 2]
+
+    def drafting_steps(steps: int) -> list[int]:
+        return [i for i in range(steps) if drafter.propose(tokens, 2)]
+
+    assert drafting_steps(1) == [0]
+    for pause in (1, 3, 7, 15, 31, 31):
+        drafter.kept(0)
+        assert drafting_steps(pause + 1) == [pause], f"a draft after {pause} steps without"
+    drafter.kept(1)
+    assert drafting_steps(2) == [0, 1], "a token kept: drafting at every step again"

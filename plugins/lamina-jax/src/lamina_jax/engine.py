@@ -253,13 +253,17 @@ class Engine:
         """Take ``seq``'s sampled rows while its drafted tokens match them: the row after the last input
         that matched is the model's own token (the first, without a draft)."""
         self.drafted_tokens += len(draft)
+        kept = 0
         for j, row in enumerate(rows):
             seq.num_computed += 1
             finished = self._accept(seq, row)
             matched = j < len(draft) and row.token == draft[j]
-            self.accepted_drafts += matched
+            kept += matched
             if finished or not matched:
-                return
+                break
+        self.accepted_drafts += kept
+        if draft:
+            self.scheduler.drafts_kept(seq, kept)
 
     def _prefill(self, works: list[PrefillWork]) -> float:
         now = time.monotonic()

@@ -130,7 +130,7 @@ class JaxExecutor:
                               max_prefills=options.max_prefills, table_capacity=runner.table_capacity,
                               batching=self.batching, prewarm=self.prewarm,
                               speculative_tokens=options.speculative_tokens, speculative_rows=options.speculative_rows,
-                              max_model_len=max_len)
+                              speculative_sampling=options.speculative_sampling, max_model_len=max_len)
         log.info("model_loaded", model=self.model.id, path=str(self.path), format=files.format,
                  architecture=files.architecture, layers=config.n_layers,
                  kv_blocks=num_blocks, **kv_sizing, kv_dtype=options.kv_dtype, block_size=options.block_size,

@@ -201,8 +201,9 @@ class ModelRunner:
         """The weights and configuration the shape ``(kind, size)`` runs with."""
         return self.shape_weights.get((kind, size), (self.params, self.config))
 
-    def _sampling(self, seqs: Seq[Sequence | None]) -> tuple[SamplingBatch, np.bool_, bool]:
-        """Per-row parameters (``None`` rows are padding), whether all rows are greedy, whether any wants top logprobs."""
+    def _sampling(self, seqs: Seq[Sequence | None], ahead: Seq[int] = ()) -> tuple[SamplingBatch, np.bool_, bool]:
+        """Per-row parameters (``None`` rows are padding; row ``i`` samples its sequence's token ``ahead[i]``
+        (default 0) places after the next), whether all rows are greedy, whether any wants top logprobs."""
         rows = len(seqs)
         temperature, top_p, min_p = np.zeros(rows, np.float32), np.ones(rows, np.float32), np.zeros(rows, np.float32)
         top_k, steps = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
@@ -216,7 +217,7 @@ class ModelRunner:
                 continue
             params = seq.sampling
             temperature[i], top_k[i], top_p[i], min_p[i] = params.temperature, params.top_k, params.top_p, params.min_p
-            steps[i] = len(seq.output_ids)
+            steps[i] = len(seq.output_ids) + (ahead[i] if ahead else 0)
             keys[i] = seq.key
             wants_top |= params.logprobs and params.top_logprobs > 0
             held = seq.end_ids if len(seq.output_ids) < params.min_tokens else ()
@@ -248,8 +249,8 @@ class ModelRunner:
         return result
 
     def _decode_call(self, tokens: np.ndarray, tables: np.ndarray, positions: np.ndarray,
-                     seqs: Seq[Sequence | None]) -> SampleResult:
-        batch, all_greedy, want_top = self._sampling(seqs)
+                     seqs: Seq[Sequence | None], ahead: Seq[int] = ()) -> SampleResult:
+        batch, all_greedy, want_top = self._sampling(seqs, ahead)
         params, config = self.weights_for("decode", len(tokens))
         result, self.cache = self._decode_step(params, self.cache, tokens, tables, positions, batch,
                                                 all_greedy, want_top, config=config)
@@ -279,22 +280,24 @@ class ModelRunner:
         its own position over the sequence's blocks, so a row sees the K/V its sequence's earlier rows
         write in the same call. The rows go in order of position, so that each attention segment
         (`llama.DECODE_SEGMENT_ROWS`) loops only about as far as each of its rows needs; sampling
-        follows the sequence, not the row. Returns each sequence's rows in order."""
+        follows the sequence, not the row, and a row ``j`` drafted tokens ahead draws with the key of
+        the output token it samples, as plain decoding would. Returns each sequence's rows in order."""
         drafts = drafts or [()] * len(seqs)
-        inputs = sorted(((seq.num_computed + j, i, token) for i, seq in enumerate(seqs)
+        inputs = sorted(((seq.num_computed + j, i, j, token) for i, seq in enumerate(seqs)
                          for j, token in enumerate([seq.tokens[-1], *drafts[i]])), key=lambda row: row[0])
         rows = bucket(len(inputs))
         tokens = np.zeros(rows, np.int32)
         positions = np.full(rows, -1, np.int32)
         tables = np.zeros((rows, self.table_width), np.int32)
-        for row, (position, i, token) in enumerate(inputs):
+        for row, (position, i, _, token) in enumerate(inputs):
             tokens[row], positions[row] = token, position
             tables[row, : len(seqs[i].blocks)] = seqs[i].blocks
         padding = [None] * (rows - len(inputs))
-        sampled = self._rows(self._decode_call(tokens, tables, positions, [*(seqs[i] for _, i, _ in inputs), *padding]),
-                             len(inputs))
+        result = self._decode_call(tokens, tables, positions, [*(seqs[i] for _, i, _, _ in inputs), *padding],
+                                   [j for _, _, j, _ in inputs])
+        sampled = self._rows(result, len(inputs))
         by_seq: list[list[SampledRow]] = [[] for _ in seqs]
-        for (_, i, _), row in zip(inputs, sampled, strict=True):
+        for (_, i, _, _), row in zip(inputs, sampled, strict=True):
             by_seq[i].append(row)
         return by_seq
 

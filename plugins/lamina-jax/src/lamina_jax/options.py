@@ -79,13 +79,17 @@ class JaxOptions:
             "help": "most prompt tokens prefilled in a step that also decodes running streams, so that a new "
                     "prompt pauses them for less (unset: prefill_chunk)"})
     speculative_tokens: int = attrs.field(default=3, validator=attrs.validators.ge(0), metadata={
-        "help": "most tokens drafted per greedy sequence by prompt lookup (its last n-gram found earlier in its "
+        "help": "most tokens drafted per sequence by prompt lookup (its last n-gram found earlier in its "
                 "prompt or output) and checked in the same decode step, so one step may yield several tokens "
                 "(0: off)"})
     speculative_rows: int = attrs.field(default=4, validator=attrs.validators.ge(1), metadata={
         "help": "most rows (sequences and their drafted tokens) a decode step that drafts may hold: each "
                 "sequence drafts its equal share of them, so a large batch, whose rows already cost their "
                 "compute, drafts nothing"})
+    speculative_sampling: bool = attrs.field(default=False, metadata={
+        "help": "draft for sampled sequences too, not only greedy ones: their output stays what plain decoding "
+                "gives (a seed too), but sampled chat repeats itself too seldom for drafts to pay for their rows "
+                "(benchmarks/speculation.py --temperature 1)"})
     max_prefills: int = attrs.field(default=8, validator=attrs.validators.ge(1), metadata={
         "help": "most waiting sequences prefilled together in one step (packed into one call)"})
     compile_cache_dir: str = attrs.field(default=str(Path("~/.cache/lamina/jax-compile").expanduser()), metadata={

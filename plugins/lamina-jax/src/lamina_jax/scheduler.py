@@ -23,9 +23,11 @@ already generated) when memory frees up — vLLM's recompute preemption. Its cli
 pause.
 
 With ``speculative_tokens``, a decode step also drafts up to that many next tokens for each greedy
-sequence from its own context (`speculation`), as many as keep the step within ``speculative_rows``
-rows (sequences and drafts; an equal share each) and where blocks for them are free (no sequence
-is preempted and nothing cached evicted for a draft); the step's ``drafts`` carries them.
+sequence (each sampled one too, with ``speculative_sampling``) whose sampling reads no history, from
+its own context (`speculation`), as many as keep the step
+within ``speculative_rows`` rows (sequences and drafts; an equal share each) and where blocks for
+them are free (no sequence is preempted and nothing cached evicted for a draft); the step's
+``drafts`` carries them, and the engine reports how many tokens of each were kept.
 
 With a pre-warm policy (the stack's ``[prewarm]``), every new prompt is shown to it, and
 :meth:`Scheduler.keep_wanted` (called by the engine now and then) has the block manager pin the
@@ -46,7 +48,7 @@ from lamina_hookspecs.types import SchedulerState, WarmPrefix
 from lamina_jax.block_manager import BlockManager, blocks_for
 from lamina_jax.rates import EventRate
 from lamina_jax.sequence import Sequence
-from lamina_jax.speculation import NgramIndex, draftable
+from lamina_jax.speculation import Drafter, draftable
 
 ARRIVAL_WINDOW_S = 2.0
 """Time constant of the arrival-rate moving average that batching policies see."""
@@ -78,7 +80,8 @@ class Scheduler:
     def __init__(self, blocks: BlockManager, *, max_batch: int, prefill_chunk: int,
                  decoding_prefill_chunk: int | None = None, max_prefills: int = 8, table_capacity: int = 256,
                  batching: BatchingPolicy | None = None, prewarm: PrewarmPolicy | None = None,
-                 speculative_tokens: int = 0, speculative_rows: int = 0, max_model_len: int | None = None) -> None:
+                 speculative_tokens: int = 0, speculative_rows: int = 0, speculative_sampling: bool = False,
+                 max_model_len: int | None = None) -> None:
         self.blocks = blocks
         self.batching = batching
         self.prewarm = prewarm
@@ -89,8 +92,9 @@ class Scheduler:
         self.max_prefills = max_prefills
         self.table_capacity = table_capacity
         self.speculative_tokens, self.speculative_rows = speculative_tokens, speculative_rows
+        self.speculative_sampling = speculative_sampling
         self.max_model_len = max_model_len
-        self._ngrams: dict[Sequence, NgramIndex] = {}
+        self._drafters: dict[Sequence, Drafter] = {}
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -136,7 +140,7 @@ class Scheduler:
             if seq in group:
                 group.remove(seq)
                 self.blocks.release(seq)
-                self._ngrams.pop(seq, None)
+                self._drafters.pop(seq, None)
                 return True
         return False
 
@@ -190,12 +194,18 @@ class Scheduler:
             if self.max_model_len is not None:
                 left = min(left, self.max_model_len - seq.length - 1)
             count = min(share, left)
-            if count <= 0 or not draftable(seq):
+            if count <= 0 or not draftable(seq, sampled=self.speculative_sampling):
                 continue
-            draft = self._ngrams.setdefault(seq, NgramIndex()).propose(seq.tokens, count)
+            draft = self._drafters.setdefault(seq, Drafter()).propose(seq.tokens, count)
             if draft and self.blocks.grow(seq, seq.num_computed + 1 + len(draft), evict=False):
                 drafts[i] = draft
         return drafts
+
+    def drafts_kept(self, seq: Sequence, count: int) -> None:
+        """The model kept ``count`` tokens of the draft ``seq`` decoded in the last step."""
+        drafter = self._drafters.get(seq)
+        if drafter is not None:
+            drafter.kept(count)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -211,7 +221,7 @@ class Scheduler:
         dropped = [*self.running, *self.waiting]
         for seq in dropped:
             self.blocks.release(seq, keep=False)
-        self._ngrams.clear()
+        self._drafters.clear()
         self.running.clear()
         self.waiting.clear()
         self.blocks.discard_cached()

@@ -1,4 +1,4 @@
-"""Prompt lookup (n-gram speculation): draft tokens for greedy sequences from their own context.
+"""Prompt lookup (n-gram speculation): draft tokens for sequences from their own context.
 
 When a sequence's last n tokens (n from ``NGRAM_MAX`` down to ``NGRAM_MIN``) occurred earlier in its
 prompt or output, the tokens that followed them then are guessed to follow again (vLLM's ``ngram``
@@ -8,10 +8,21 @@ call, each as a row at its own position over the sequence's blocks
 model's own token after them. At a small batch a decode step is bound by reading the weights, so a few
 more rows cost little, and each accepted guess saves a step.
 
-Only greedy sequences whose sampling reads no history are drafted: their token at each row is the
-model's argmax there whatever came before, so the output is the one plain decoding would give, up to
-the numerics of the step's row count: ``weights_dtype = "auto"`` may serve another row count in another
-format, as it does when a plain batch grows.
+Only sequences whose sampling reads no history (no penalties, bias or grammar) are drafted, and by
+default only greedy ones: ``speculative_sampling`` adds sampled ones, exactly, but sampled chat
+repeats itself too seldom for their drafts to pay (benchmarks/README.md).
+
+A sequence whose drafts the model refuses outright pauses drafting for longer each time (1, 3, 7, ...
+decode steps, up to ``MAX_PAUSE``), and resumes at once after a draft it keeps a token of: text that
+does not repeat itself costs few wasted rows, and a reply that starts repeating soon drafts again.
+
+Each row samples its token as plain decoding would sample it after the same tokens: the argmax, or a
+draw with the key of that output token's index (`sampling`). A draft is kept only where it equals that
+token, so the output is the one plain decoding would give, and a seed gives the same tokens with
+drafting on or off: keeping a draft with the probability the model gives it and otherwise drawing from
+the rest, as speculative sampling does with a one-token draft distribution, is this same rule. Up to
+the numerics of the step's row count: ``weights_dtype = "auto"`` may serve another row count in
+another format, as it does when a plain batch grows.
 """
 
 from __future__ import annotations
@@ -24,6 +35,8 @@ NGRAM_MAX = 4
 """Longest suffix looked up."""
 NGRAM_MIN = 2
 """Shortest suffix looked up: a single token matches too often to be worth a row."""
+MAX_PAUSE = 31
+"""The most decode steps a sequence waits to draft again after drafts refused outright."""
 
 
 class NgramIndex:
@@ -49,9 +62,32 @@ class NgramIndex:
         return []
 
 
-def draftable(seq: Sequence) -> bool:
-    """Whether ``seq``'s next tokens may be drafted: greedy, no penalties or bias (they read the tokens
-    before each row), past ``min_tokens``, no structured output."""
+class Drafter:
+    """One sequence's prompt lookup: its n-gram index, and its pause after drafts refused outright."""
+
+    def __init__(self) -> None:
+        self.index = NgramIndex()
+        self.refused = 0
+        """Drafts in a row the model refused outright."""
+        self.pause = 0
+        """Calls to :meth:`propose` left that draft nothing."""
+
+    def propose(self, tokens: Seq[int], count: int) -> list[int]:
+        """Up to ``count`` drafted tokens (`NgramIndex.propose`); none while pausing."""
+        if self.pause:
+            self.pause -= 1
+            return []
+        return self.index.propose(tokens, count)
+
+    def kept(self, count: int) -> None:
+        """The model kept ``count`` tokens of the last draft."""
+        self.refused = 0 if count else self.refused + 1
+        self.pause = min(2 ** self.refused - 1, MAX_PAUSE)
+
+
+def draftable(seq: Sequence, *, sampled: bool) -> bool:
+    """Whether ``seq``'s next tokens may be drafted: greedy (or any, if ``sampled``), no penalties or bias
+    (they read the tokens before each row), past ``min_tokens``, no structured output."""
     params = seq.sampling
-    return (params.temperature <= 0 and not params.adjusts_logits and seq.matcher is None
+    return ((sampled or params.temperature <= 0) and not params.adjusts_logits and seq.matcher is None
             and len(seq.output_ids) >= params.min_tokens)
