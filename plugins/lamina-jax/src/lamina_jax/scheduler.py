@@ -24,10 +24,10 @@ pause.
 
 With ``speculative_tokens``, a decode step also drafts up to that many next tokens for each greedy
 sequence (each sampled one too, with ``speculative_sampling``) whose sampling reads no history, from
-its own context (`speculation`), as many as keep the step
-within ``speculative_rows`` rows (sequences and drafts; an equal share each) and where blocks for
-them are free (no sequence is preempted and nothing cached evicted for a draft); the step's
-``drafts`` carries them, and the engine reports how many tokens of each were kept.
+its own context (`speculation`), as many as keep the step within ``speculative_rows`` rows
+(sequences and drafts; an equal share each) and where blocks for them are free (no sequence is
+preempted and nothing cached evicted for a draft); the step's ``drafts`` carries them, and the
+engine reports how many tokens of each were kept.
 
 With a pre-warm policy (the stack's ``[prewarm]``), every new prompt is shown to it, and
 :meth:`Scheduler.keep_wanted` (called by the engine now and then) has the block manager pin the
