@@ -16,11 +16,8 @@ from lamina.server.http import Server
 from lamina.server.http_protocol import HeadWithFirstChunk
 from lamina.server.serve import build_app
 
-START_TIMEOUT_S = 600.0
-"""How long a stack may take to serve: a real model under ``weights_dtype = "auto"`` times a decode step
-in each format at each row count, then compiles every shape, all before it is healthy. In the one
-long process of the ``tests`` env, without the compilation cache, compiles run several times slower
-than in a fresh process (8 s a shape), and the default stack took more than 300 s."""
+START_TIMEOUT_S = 300.0
+"""How long a stack may take to serve: a real model compiles every shape while it starts."""
 
 
 class LiveServer:
