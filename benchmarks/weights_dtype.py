@@ -14,8 +14,8 @@ the model functions of ``lamina_jax`` (the helpers of ``kv_dtype.py``):
    more at a time (100 prompts; 10 with ``--quick``);
 3. decode tok/s at 16 streams;
 4. the bytes the weights are held in (every array of the format's `LlamaParams`);
-5. the start-up measurement of ``weights_dtype = "auto"`` (a decode step, estimated from a step of
-   the first few layers and the output head, at every row count the executor compiles) and the format it
+5. the start-up measurement of ``weights_dtype = "auto"`` (a decode step, estimated from one of a
+   few layers and the output head, at every row count the executor compiles) and the format it
    picks for each (``weights_choice.py`` checks those picks against the real decode step).
 
 Run::
