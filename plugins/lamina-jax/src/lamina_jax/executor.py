@@ -103,8 +103,8 @@ class JaxExecutor:
                              "or TPU, and JAX runs on the CPU here: set kv_cache_mb instead")
         if self.options.compile_cache_dir and not jax.config.jax_compilation_cache_dir:
             # JAX's own on-disk cache of compiled executables, keyed by computation and backend: set
-            # before `auto` times its formats, so that a restart reuses that measurement's compiles
-            # too, which take less than JAX's default threshold for caching (1 s).
+            # before `auto` times its formats, so a restart reuses that measurement's compiles too
+            # (each under JAX's default threshold of 1 s).
             jax.config.update("jax_compilation_cache_dir", self.options.compile_cache_dir)
             jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHED_COMPILE_S)
         files = open_model(self.path)

@@ -177,7 +177,6 @@ DROP_BEHIND = 2.0
 POSITION = 63
 """The position every row of a timed step decodes at, the last of its context's 4 blocks of `BLOCK_SIZE`."""
 BLOCK_SIZE = 16
-"""Positions per block of the timed step's cache."""
 
 
 @functools.partial(jax.jit, static_argnames=("matmul_dtype",))
@@ -239,9 +238,8 @@ def measure(probe: LlamaParams, config: LlamaConfig, row_counts: Sequence[int],
                 step_times, head_times = _time_format(held[FORMATS[fmt][0]], configure(probe_config, fmt), rows)
                 times[fmt][0].extend(step_times)
                 times[fmt][1].extend(head_times)
-            for fmt in formats:
-                step, head = np.median(times[fmt][0]), np.median(times[fmt][1])
-                estimate[fmt] = float(head + (step - head) * depth)
+            estimate = {fmt: float(np.median(times[fmt][1]) + (np.median(times[fmt][0]) - np.median(times[fmt][1])) * depth)
+                        for fmt in formats}
             best = min(estimate[fmt] for fmt in racing)
             racing = [fmt for fmt in racing if estimate[fmt] <= DROP_BEHIND * best]
         timings[rows] = estimate
