@@ -3,8 +3,7 @@
 For SmolLM2-135M-Instruct (the GGUF of the default stack), at each row count:
 
 1. `lamina_jax.weight_formats.measure` runs: the start-up measurement of ``auto``. It estimates the
-   step from a real decode step of the model's first layers and head in each of the ``auto``
-   formats, and the pick is the fastest estimate.
+   step's matrix products in each of the ``auto`` formats, and the pick is the fastest estimate.
 2. The real decode step (`lamina_jax.model.llama.decode`) runs in each format, on every row at
    position ``--position`` of its own blocks. This is attention, the norms and the output head
    included; sampling is left out. Each format is timed in a block: one untimed call, then
@@ -82,8 +81,8 @@ def main() -> None:
     model = load_gguf(smollm2_path())
     formats = weight_formats.auto(model.params)
     print(f"formats {', '.join(formats)}; measuring auto's estimates", file=sys.stderr)
-    estimates = weight_formats.measure(weight_formats.probe(model.params, model.config), model.config, row_counts,
-                                       formats)
+    estimates = weight_formats.measure(weight_formats.probe(model.params, model.config), row_counts, formats,
+                                       model.config.n_layers)
     picks = weight_formats.fastest(estimates)
     results: dict[int, dict[str, Any]] = {}
     for rows in tqdm(row_counts, desc="real decode steps", file=sys.stderr):

@@ -14,8 +14,8 @@ the model functions of ``lamina_jax`` (the helpers of ``kv_dtype.py``):
    more at a time (100 prompts; 10 with ``--quick``);
 3. decode tok/s at 16 streams;
 4. the bytes the weights are held in (every array of the format's `LlamaParams`);
-5. the start-up measurement of ``weights_dtype = "auto"`` (a decode step, estimated from one of a
-   few layers and the output head, at every row count the executor compiles) and the format it
+5. the start-up measurement of ``weights_dtype = "auto"`` (a step's matrix products, estimated from
+   a few layers and the output head, at every row count the executor compiles) and the format it
    picks for each (``weights_choice.py`` checks those picks against the real decode step).
 
 Run::
@@ -87,8 +87,8 @@ def main() -> None:
     defaults = JaxOptions()
     rows = sorted({n for _, n in ModelRunner.shapes_for(max_batch=defaults.max_batch,
                                                         prefill_chunk=defaults.prefill_chunk)})
-    timings = weight_formats.measure(weight_formats.probe(model.params, model.config), model.config, rows,
-                                     formats)
+    timings = weight_formats.measure(weight_formats.probe(model.params, model.config), rows, formats,
+                                     model.config.n_layers)
     chosen = weight_formats.fastest({n: {f: t for f, t in by.items() if f in auto}
                                      for n, by in timings.items()})
 
@@ -101,7 +101,7 @@ def main() -> None:
               f"{'ok' if row['passes_gate'] else 'FAIL':>5} {row['greedy_agreement']:>7.3f} "
               f"{row['identical_continuations']:>4}/{len(agree_prompts):<3} {row['decode_tok_s_16_streams']:>9.1f} "
               f"{row['weights_bytes'] / 1e6:>8.1f}")
-    print(f"\n'auto' at start-up: estimated ms of a decode step, and the choice among {', '.join(auto)}")
+    print(f"\n'auto' at start-up: estimated ms of a step's products, and the choice among {', '.join(auto)}")
     for n in rows:
         print(f"  {n:>4} rows: " + "  ".join(f"{fmt} {t * 1e3:7.3f}" for fmt, t in timings[n].items())
               + f"  -> {chosen[n]}")

@@ -20,7 +20,6 @@ from lamina_hookspecs.errors import ContextLengthError, InvalidRequestError, Ser
 from lamina_hookspecs.types import ChatMessage, Request, SamplingParams, TokenChunk
 
 from lamina_jax.executor import JaxExecutor, kv_budget
-from lamina_jax.model.config import LlamaConfig
 from lamina_jax.model.llama import LlamaParams, forward
 from lamina_jax.options import JaxOptions
 from lamina_jax.rates import SpacedRate
@@ -494,10 +493,10 @@ def test_auto_weights_serve_each_shape_in_the_format_measured_fastest(tiny_gguf:
     bfloat16 from 16 on (so float32 weights are not held at all)."""
     from lamina_jax import weight_formats
 
-    def measured(params: LlamaParams, config: LlamaConfig, row_counts: list[int],
-                 formats: tuple[str, ...]) -> dict[int, dict[str, float]]:
+    def measured(params: LlamaParams, row_counts: list[int], formats: tuple[str, ...],
+                 n_layers: int) -> dict[int, dict[str, float]]:
         assert row_counts == sorted(row_counts) and row_counts[0] == 1 and "int8" not in formats
-        assert len(params.layers) == 1 < config.n_layers, "a probe of one layer"
+        assert len(params.layers) == 1 < n_layers, "a probe of one layer"
         return {rows: {"float32": 1.0, "bfloat16": 2.0 if rows < 16 else 0.5, "bfloat16-f32": 0.7}
                 for rows in row_counts}
 
@@ -535,11 +534,10 @@ def test_the_format_measurement_times_every_format() -> None:
     from lamina_jax import weight_formats
     from lamina_jax.testing import random_weights, tiny_config, to_params
 
-    config = tiny_config()
-    params = to_params(random_weights(config, seed=0))
+    params = to_params(random_weights(tiny_config(), seed=0))
     formats = weight_formats.auto(params)
     assert set(formats) == {"float32", "bfloat16", "bfloat16-f32"}
-    timings = weight_formats.measure(params, config, [1, 16], formats)
+    timings = weight_formats.measure(params, [1, 16], formats, len(params.layers))
     assert set(timings) == {1, 16} and all(set(t) == set(formats) for t in timings.values())
     assert all(seconds > 0 for t in timings.values() for seconds in t.values())
     assert weight_formats.fastest({1: {"float32": 2.0, "bfloat16": 1.0}}) == {1: "bfloat16"}
@@ -547,29 +545,25 @@ def test_the_format_measurement_times_every_format() -> None:
 
 def test_the_format_measurement_scales_the_timed_layers_to_the_model_and_drops_formats_far_behind(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """An estimate is the median time of the probe's step less its head's, times the model's depth over
-    the probe's, plus the head's; a format more than `DROP_BEHIND` times the fastest after the first
-    round is not timed again."""
+    """An estimate is the median layer time times the model's depth over the probe's, plus the head's; a
+    format more than `DROP_BEHIND` times the fastest after the first round is not timed again."""
     from lamina_jax import weight_formats
     from lamina_jax.testing import random_weights, tiny_config, to_params
 
-    config = tiny_config()
-    params = to_params(random_weights(config, seed=0))
-    per_call = {"float32": (0.014, 0.004), "bfloat16": (0.013, 0.001), "bfloat16-f32": (0.6, 0.1)}
+    params = to_params(random_weights(tiny_config(), seed=0))
+    per_call = {"float32": (0.010, 0.004), "bfloat16": (0.012, 0.001), "bfloat16-f32": (0.5, 0.1)}
     calls: list[str] = []
 
     by_pair = {pair: fmt for fmt, pair in weight_formats.FORMATS.items()}
 
-    def timed(held: LlamaParams, probe_config: LlamaConfig, rows: int) -> tuple[list[float], list[float]]:
-        assert probe_config.n_layers == len(held.layers) == 1 and rows == 4
-        fmt = by_pair[(str(held.head.dtype), probe_config.matmul_dtype)]
+    def timed(held: LlamaParams, x: object, matmul_dtype: str | None) -> tuple[list[float], list[float]]:
+        fmt = by_pair[(str(held.head.dtype), matmul_dtype)]
         calls.append(fmt)
-        step, head = per_call[fmt]
-        return [step] * weight_formats.CALLS, [head] * weight_formats.CALLS
+        layer, head = per_call[fmt]
+        return [layer] * weight_formats.CALLS, [head] * weight_formats.CALLS
 
     monkeypatch.setattr(weight_formats, "_time_format", timed)
-    timings = weight_formats.measure(attrs.evolve(params, layers=params.layers[:1]), attrs.evolve(config, n_layers=2),
-                                     [4], tuple(per_call))
+    timings = weight_formats.measure(attrs.evolve(params, layers=params.layers[:1]), [4], tuple(per_call), 2)
     assert timings[4] == pytest.approx({"float32": 0.024, "bfloat16": 0.025, "bfloat16-f32": 1.1})
     assert calls.count("bfloat16-f32") == 1
     assert calls.count("float32") == calls.count("bfloat16") == weight_formats.ROUNDS

@@ -50,9 +50,6 @@ log = structlog.get_logger(__name__)
 ACCELERATOR_KV_FRACTION = 0.9
 """The share of a GPU's or TPU's free memory the KV cache takes where neither ``kv_cache_mb`` nor
 ``kv_memory_fraction`` is set."""
-CACHED_COMPILE_S = 0.5
-"""Compiles at least this long go to the persistent cache where the executor sets it up: a decode
-step of `auto`'s probe compiles in about 0.8 s on a 2-core CPU."""
 
 
 def kv_budget(stats: Seq[Mapping[str, int] | None], fraction: float) -> int | None:
@@ -101,12 +98,6 @@ class JaxExecutor:
         if _devices(mesh)[0].platform == "cpu" and self.options.kv_memory_fraction is not None:
             raise ValueError(f"kv_memory_fraction = {self.options.kv_memory_fraction} sizes the KV cache on a GPU "
                              "or TPU, and JAX runs on the CPU here: set kv_cache_mb instead")
-        if self.options.compile_cache_dir and not jax.config.jax_compilation_cache_dir:
-            # JAX's own on-disk cache of compiled executables, keyed by computation and backend: set
-            # before `auto` times its formats, so a restart reuses that measurement's compiles too
-            # (each under JAX's default threshold of 1 s).
-            jax.config.update("jax_compilation_cache_dir", self.options.compile_cache_dir)
-            jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHED_COMPILE_S)
         files = open_model(self.path)
         config, options = files.config, self.options
         tokenizer = files.tokenizer
@@ -184,6 +175,9 @@ class JaxExecutor:
 
     def _precompile(self, runner: ModelRunner) -> None:
         """Compile every shape serving can use, reading and writing JAX's persistent cache."""
+        if self.options.compile_cache_dir and not jax.config.jax_compilation_cache_dir:
+            # JAX's own on-disk cache of compiled executables, keyed by computation and backend.
+            jax.config.update("jax_compilation_cache_dir", self.options.compile_cache_dir)
         started = time.monotonic()
         with tqdm(desc="compiling", unit="shape", total=len(runner.shapes()), leave=False) as bar:
             runner.precompile(lambda done, total: bar.update(done - bar.n))

@@ -13,7 +13,7 @@ its products are float32's up to the order of the sums). Both need the natively 
 bandwidth, a big batch or a prompt chunk by the matrix kernels, and which format is fastest at
 which size differs from one CPU to the next (bf16 dots are native on CPUs with AVX-512 BF16,
 slow on others). With ``weights_dtype = "auto"`` the executor reads a probe of the model (its
-first decoder layers, `probe_layers`, and its head) in float32, times a decode step of it in each
+first decoder layers, `probe_layers`, and its head) in float32, times their projections in each
 of the `auto` formats at every row count it compiles (`measure`), and then reads the model once
 in each weight dtype some shape's fastest format holds. ``int8`` is left out of ``auto``: it passes the perplexity gate but changes far more greedy tokens than the bfloat16
 formats (``benchmarks/weights_dtype.py``), so it is served only when a stack file asks for it.
@@ -36,9 +36,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lamina_jax.model import cpu_kernels, ggml, llama
+from lamina_jax.model import cpu_kernels, ggml
 from lamina_jax.model.config import LlamaConfig
-from lamina_jax.model.llama import Int8Weight, LayerParams, LlamaParams, Weight, linear, quantize_int8
+from lamina_jax.model.llama import Int8Weight, LayerParams, LlamaParams, Weight, linear, quantize_int8, rms_norm
 
 FORMATS: dict[str, tuple[str, str | None]] = {
     "float32": ("float32", None),
@@ -174,9 +174,19 @@ CALLS = 2
 format's runs slow (the other's weights fill the caches), so a format's calls are timed together."""
 DROP_BEHIND = 2.0
 """A format this many times slower than the fastest after a round is not timed again at that row count."""
-POSITION = 63
-"""The position every row of a timed step decodes at, the last of its context's 4 blocks of `BLOCK_SIZE`."""
-BLOCK_SIZE = 16
+
+
+@functools.partial(jax.jit, static_argnames=("matmul_dtype",))
+def _layer_products(layers: tuple[LayerParams, ...], x: jax.Array, matmul_dtype: str | None) -> jax.Array:
+    """The seven matrix products of each decoder layer on ``x [rows, dim]``, one layer after another
+    (their shapes, not the model: no attention, and an unweighted RMS norm after each half layer
+    keeps the values those of a real model's, whatever the depth)."""
+    for layer in layers:
+        q, k, v = (linear(x, w, matmul_dtype) for w in (layer.wq, layer.wk, layer.wv))
+        h = rms_norm(linear(q, layer.wo, matmul_dtype) + k.sum() + v.sum(), 1.0, 1e-6)
+        up = jax.nn.silu(linear(h, layer.w_gate, matmul_dtype)) * linear(h, layer.w_up, matmul_dtype)
+        x = rms_norm(linear(up, layer.w_down, matmul_dtype), 1.0, 1e-6)
+    return x
 
 
 @functools.partial(jax.jit, static_argnames=("matmul_dtype",))
@@ -195,50 +205,34 @@ def _seconds(call: Callable[[], jax.Array]) -> list[float]:
     return times
 
 
-def _time_format(held: LlamaParams, config: LlamaConfig, rows: int) -> tuple[list[float], list[float]]:
-    """`_seconds` of a real decode step (`llama.decode`: attention, norms and head included) of the
-    probe ``held`` with ``config`` (its layers') at ``rows`` rows, then of its head's product alone.
-    Every row reads the same `POSITION` + 1 positions of one block table: the format's cost, not
-    the cache's, is what is timed."""
-    blocks = POSITION // BLOCK_SIZE + 1
-    cache = [llama.init_cache(config, num_blocks=blocks, block_size=BLOCK_SIZE)]
-    tokens = jnp.zeros((rows,), jnp.int32)
-    tables = jnp.broadcast_to(jnp.arange(blocks, dtype=jnp.int32), (rows, blocks))
-    positions = jnp.full((rows,), POSITION, jnp.int32)
-    x = jnp.asarray(np.random.default_rng(0).standard_normal((rows, config.dim), np.float32))
-
-    def step() -> jax.Array:
-        logits, cache[0] = llama.decode(held, cache[0], tokens, tables, positions, config=config)
-        return logits
-
-    return _seconds(step), _seconds(lambda: _head_product(held.head, x, config.matmul_dtype))
+def _time_format(held: LlamaParams, x: jax.Array, matmul_dtype: str | None) -> tuple[list[float], list[float]]:
+    """`_seconds` of ``held``'s layers' products on ``x``, then of its head's."""
+    return (_seconds(lambda: _layer_products(held.layers, x, matmul_dtype)),
+            _seconds(lambda: _head_product(held.head, x, matmul_dtype)))
 
 
-def measure(probe: LlamaParams, config: LlamaConfig, row_counts: Sequence[int],
-            formats: Sequence[str]) -> dict[int, dict[str, float]]:
-    """Estimated seconds of one decode step of the model ``config`` describes, by row count and
-    format: the median time of a real step of ``probe`` (the model's first layers and its head,
-    `probe`) less its head's product, scaled from the probe's layers to the model's, plus the
-    head's. The real step, not the matrix products alone, is timed because a format changes more of
-    the compiled step than its products (bfloat16 computed in float32 costs more outside them than
-    ``q4_1-f32``). A prompt chunk of as many tokens takes the same format. Each round times every
-    format in turn, `CALLS` calls at a time (`_seconds`), in the reverse order of the round before,
-    so that a drift of the machine's speed meets all of them alike; a format far behind after a
-    round (`DROP_BEHIND`) is not timed again at that row count."""
-    depth = config.n_layers / len(probe.layers)
-    probe_config = attrs.evolve(config, n_layers=len(probe.layers))
+def measure(probe: LlamaParams, row_counts: Sequence[int], formats: Sequence[str],
+            n_layers: int) -> dict[int, dict[str, float]]:
+    """Estimated seconds of one step's matrix products, by row count and format: the median time of
+    the products of ``probe``'s layers (the first of a model's, `probe`) scaled to the model's
+    ``n_layers``, plus the output head's. Each
+    round times every format in turn, `CALLS` calls at a time (`_seconds`), in the reverse order
+    of the round before, so that a drift of the machine's speed meets all of them alike; a format
+    far behind after a round (`DROP_BEHIND`) is not timed again at that row count."""
+    depth = n_layers / len(probe.layers)
     held = {FORMATS[fmt][0]: cast(probe, FORMATS[fmt][0]) for fmt in formats}
     timings: dict[int, dict[str, float]] = {}
     for rows in row_counts:
+        x = jnp.asarray(np.random.default_rng(0).standard_normal((rows, probe.embed.shape[1]), np.float32))
         times: dict[str, tuple[list[float], list[float]]] = {fmt: ([], []) for fmt in formats}
         estimate: dict[str, float] = {}
         racing = list(formats)
         for round_ in range(ROUNDS):
             for fmt in racing if round_ % 2 == 0 else racing[::-1]:
-                step_times, head_times = _time_format(held[FORMATS[fmt][0]], configure(probe_config, fmt), rows)
-                times[fmt][0].extend(step_times)
+                layer_times, head_times = _time_format(held[FORMATS[fmt][0]], x, FORMATS[fmt][1])
+                times[fmt][0].extend(layer_times)
                 times[fmt][1].extend(head_times)
-            estimate = {fmt: float(np.median(times[fmt][1]) + (np.median(times[fmt][0]) - np.median(times[fmt][1])) * depth)
+            estimate = {fmt: float(np.median(times[fmt][0]) * depth + np.median(times[fmt][1]))
                         for fmt in formats}
             best = min(estimate[fmt] for fmt in racing)
             racing = [fmt for fmt in racing if estimate[fmt] <= DROP_BEHIND * best]

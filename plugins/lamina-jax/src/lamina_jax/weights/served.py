@@ -57,7 +57,7 @@ def load_weights(files: ModelFiles, weights_dtype: str, shapes: list[Shape], *,
     probe = read("float32", None, weight_formats.probe_layers(config))
     formats = [fmt for fmt in weight_formats.auto(probe, files.in_blocks)
                if tensor_parallel == 1 or weight_formats.FORMATS[fmt][0] != "q4_1"]
-    timings = weight_formats.measure(probe, config, sorted({rows for _, rows in shapes}), formats)
+    timings = weight_formats.measure(probe, sorted({rows for _, rows in shapes}), formats, config.n_layers)
     del probe
     choice = weight_formats.fastest(timings)
     default = Counter(choice.values()).most_common(1)[0][0]
